@@ -1,0 +1,678 @@
+#!/usr/bin/env python3
+"""export_weights.py - turn a Hugging Face ZAYA1 checkpoint folder into one zaya.c model blob.
+
+    python3 export_weights.py CKPT_DIR OUT.bin [--dtype fp32|bf16|int8] [--group-size 32]
+                              [--chat-format auto|chatml|gemma|none]
+
+CKPT_DIR is a folder as published on the hub: config.json, model.safetensors (or sharded
+model-0000N-of-0000M.safetensors + model.safetensors.index.json), tokenizer.json and
+tokenizer_config.json. Both hub layouts are accepted and give the same blob:
+  native  (Zyphra/ZAYA1-8B, transformers' ZayaForCausalLM): 40 hybrid layers;
+  legacy  (Zyphra/ZAYA1-8B-legacy, Zyphra's fork): 80 half-layers, renamed to native names here
+          (docs/architecture.md section 2.4; the engine knows one layout only).
+
+The blob layout is described in docs/blob-format.md and mirrored by zaya.c (ZayaFileHeader).
+Python standard library only. Tensors are streamed in chunks, so peak memory stays far below the
+checkpoint size. Any problem with the input is reported as one message (what, where, expected vs
+found, hint) and exit status 1 - never a traceback.
+"""
+
+import argparse
+import json
+import os
+import re
+import struct
+import sys
+import time
+import zlib
+
+import export_tokenizer
+
+FORMAT_VERSION = 1
+MAGIC = b"ZAYABLOB"
+EXPORTER_VERSION = "zaya.c export_weights.py 1.0"
+HEADER_SIZE = 1024          # fixed header + config + layer types + provenance
+DIR_ENTRY_SIZE = 192        # one tensor directory entry
+NAME_SIZE = 128             # NUL-padded tensor name inside an entry
+MAX_LAYERS = 256            # size of the layer-type table in format version 1
+MAX_EOS = 4
+ALIGN = 64                  # every tensor starts on a 64-byte boundary
+PAGE = 4096                 # the data section starts on a page boundary
+CHUNK = 1 << 24             # stream 16 MB at a time
+
+DTYPE_CODES = {"fp32": 0, "bf16": 1, "int8": 2}   # tensor dtypes in the blob
+LAYER_TYPES = {"hybrid": 0, "hybrid_sliding": 1}
+ST_DTYPE_SIZE = {"F32": 4, "BF16": 2, "F16": 2}    # safetensors dtypes we can read
+
+
+class ExportError(Exception):
+    """A problem with the input; the message is printed as is."""
+
+
+def fail(what, where, expected=None, found=None, hint=None):
+    msg = f"{what}\n  where:    {where}"
+    if expected is not None:
+        msg += f"\n  expected: {expected}\n  found:    {found}"
+    if hint:
+        msg += f"\n  hint:     {hint}"
+    raise ExportError(msg)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the checkpoint folder
+# ----------------------------------------------------------------------------------------------
+
+def read_json(path, what):
+    if not os.path.isfile(path):
+        fail(f"missing {what}", path, hint="point export_weights.py at a Hugging Face checkpoint folder "
+             "(config.json, *.safetensors, tokenizer.json, tokenizer_config.json)")
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        fail(f"{what} is not valid JSON", path, hint=f"parser said: {e}")
+
+
+class SafetensorsFile:
+    """One .safetensors file: an 8-byte little-endian header length, a JSON header, raw data."""
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            self.size = os.path.getsize(path)
+            self.f = open(path, "rb")
+        except OSError as e:
+            fail("cannot open safetensors file", path, hint=str(e))
+        if self.size < 8:
+            fail("safetensors file is truncated", path, "at least 8 bytes", f"{self.size} bytes",
+                 "re-download the file")
+        (n,) = struct.unpack("<Q", self.f.read(8))
+        if n == 0 or n > min(self.size - 8, 100 << 20):
+            fail("safetensors header length is out of range", path,
+                 f"1..{min(self.size - 8, 100 << 20)} bytes", n, "the file is truncated or not safetensors")
+        try:
+            header = json.loads(self.f.read(n).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            fail("safetensors header is not valid JSON", path, hint=f"parser said: {e}")
+        if not isinstance(header, dict):
+            fail("safetensors header is not a JSON object", path)
+        self.data_start = 8 + n
+        data_size = self.size - self.data_start
+        self.tensors = {}
+        spans = []
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            where = f"{path}: tensor {name}"
+            if not isinstance(info, dict):
+                fail("tensor entry is not an object", where)
+            dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+            if dtype not in ST_DTYPE_SIZE:
+                fail("unsupported tensor dtype", where, "one of " + ", ".join(ST_DTYPE_SIZE), dtype,
+                     "ZAYA checkpoints are published in BF16")
+            if (not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
+                    or len(shape) > 4):
+                fail("malformed tensor shape", where, "a list of at most 4 non-negative integers", shape)
+            if (not isinstance(offs, list) or len(offs) != 2 or not all(isinstance(o, int) for o in offs)
+                    or not 0 <= offs[0] <= offs[1] <= data_size):
+                fail("tensor data offsets are out of range", where, f"[begin, end] within 0..{data_size}",
+                     offs, "the file is truncated or corrupt; re-download it")
+            numel = 1
+            for d in shape:
+                numel *= d
+            if offs[1] - offs[0] != numel * ST_DTYPE_SIZE[dtype]:
+                fail("tensor byte size does not match its shape and dtype", where,
+                     f"{numel} x {ST_DTYPE_SIZE[dtype]} = {numel * ST_DTYPE_SIZE[dtype]} bytes",
+                     f"{offs[1] - offs[0]} bytes")
+            self.tensors[name] = (dtype, tuple(shape), offs[0], offs[1])
+            spans.append((offs[0], offs[1], name))
+        spans.sort()
+        for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+            if b1 < e0:
+                fail("two tensors overlap in the data section", f"{path}: {n0} and {n1}",
+                     "disjoint byte ranges", f"[{b0},{e0}) and [{b1},{e1})")
+
+    def read(self, name, begin, end):
+        """Raw bytes [begin, end) of tensor `name`'s data (offsets relative to the tensor)."""
+        _, _, start, stop = self.tensors[name]
+        self.f.seek(self.data_start + start + begin)
+        data = self.f.read(min(end, stop - start) - begin)
+        if len(data) != min(end, stop - start) - begin:
+            fail("safetensors file ended early", f"{self.path}: tensor {name}", hint="re-download the file")
+        return data
+
+
+def open_checkpoint(ckpt):
+    """Returns {tensor name: SafetensorsFile} over the single file or all shards."""
+    if not os.path.isdir(ckpt):
+        fail("checkpoint folder not found", ckpt, hint="give the folder that holds config.json and *.safetensors")
+    index = os.path.join(ckpt, "model.safetensors.index.json")
+    single = os.path.join(ckpt, "model.safetensors")
+    if os.path.isfile(index):
+        idx = read_json(index, "model.safetensors.index.json")
+        wm = idx.get("weight_map") if isinstance(idx, dict) else None
+        if not isinstance(wm, dict) or not wm:
+            fail("model.safetensors.index.json has no weight_map", index)
+        files = sorted(set(wm.values()))
+        for fn in files:
+            if not isinstance(fn, str) or "/" in fn or fn.startswith("."):
+                fail("weight_map names an invalid shard file", index, "a file name in this folder", fn)
+    elif os.path.isfile(single):
+        wm, files = None, ["model.safetensors"]
+    else:
+        fail("no weights found", ckpt, "model.safetensors or model.safetensors.index.json + shards",
+             ", ".join(sorted(os.listdir(ckpt))) or "(empty folder)", "download the whole hub folder")
+    where = {}
+    for fn in files:
+        path = os.path.join(ckpt, fn)
+        if not os.path.isfile(path):
+            fail("a shard named in the index is missing", path, hint="download the whole hub folder")
+        st = SafetensorsFile(path)
+        for name in st.tensors:
+            if name in where:
+                fail("tensor stored twice", f"{name} in {where[name].path} and {path}")
+            if wm is not None and wm.get(name) != fn:
+                fail("tensor is not where the index says", f"{path}: {name}", wm.get(name), fn)
+            where[name] = st
+    if wm is not None:
+        for name, fn in wm.items():
+            if name not in where:
+                fail("tensor listed in the index is missing from its shard", f"{fn}: {name}",
+                     hint="the shard is truncated or from another checkpoint")
+    return where
+
+
+# ----------------------------------------------------------------------------------------------
+# Config: both schemas to one native config (docs/architecture.md 2.1, 2.4)
+# ----------------------------------------------------------------------------------------------
+
+LEGACY_CONFIG_KEYS = ("cca", "num_query_groups", "ffn_hidden_size", "zaya_mlp_expansion", "norm_epsilon",
+                      "zaya_layers")
+LEGACY_TENSOR_MARKERS = (".zaya_block.", ".self_attn.qkv.linear_q", ".res_scale.", "model.final_norm.")
+
+
+def detect_layout(cfg, names):
+    """Tensor names are authoritative; config markers decide only a folder with no marker names."""
+    if any(m in n for n in names for m in LEGACY_TENSOR_MARKERS):
+        return "legacy"
+    if any(".self_attn.qkv_proj." in n for n in names):
+        return "native"
+    return "legacy" if any(k in cfg for k in LEGACY_CONFIG_KEYS) else "native"
+
+
+def need(cfg, key, kind, where, check=None, expected=None):
+    if key not in cfg:
+        fail(f"config.json has no '{key}'", where, hint="is this a ZAYA1 checkpoint?")
+    v = cfg[key]
+    ok = isinstance(v, kind) and not isinstance(v, bool) if kind is not bool else isinstance(v, bool)
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        v, ok = float(v), True
+    if not ok or (check is not None and not check(v)):
+        fail(f"config value '{key}' is not supported", where, expected or kind.__name__, repr(v))
+    return v
+
+
+def native_config(cfg, path):
+    """The config the engine needs, from the native (transformers ZayaConfig) schema."""
+    pos = lambda v: v > 0
+    c = {k: need(cfg, k, int, path, pos) for k in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "num_experts", "moe_intermediate_size", "router_hidden_size", "cca_time0", "cca_time1")}
+    c["num_experts_per_tok"] = need(cfg, "num_experts_per_tok", int, path, lambda v: v == 1,
+                                    "1 (upstream rejects top-k != 1)")
+    c["rms_norm_eps"] = need(cfg, "rms_norm_eps", float, path, pos)
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        fail("config value 'hidden_act' is not supported", path, "'silu'", repr(act))
+    types = need(cfg, "layer_types", list, path)
+    if len(types) != c["num_hidden_layers"] or any(t not in LAYER_TYPES for t in types):
+        fail("config value 'layer_types' is not supported", path,
+             f"{c['num_hidden_layers']} entries of 'hybrid' / 'hybrid_sliding'", repr(types)[:200])
+    c["layer_types"] = types
+    rope = need(cfg, "rope_parameters", dict, path)
+    c["rope_theta"], c["partial_rotary_factor"] = {}, {}
+    for t in LAYER_TYPES:
+        p = rope.get(t)
+        if not isinstance(p, dict):        # non-dict entries (a stray "rope_type") are skipped, as HF does
+            if t in types:
+                fail(f"rope_parameters has no entry for layer type '{t}'", path)
+            p = rope.get("hybrid", {})
+        if p.get("rope_type", "default") != "default":
+            fail("unsupported RoPE type", f"{path}: rope_parameters.{t}.rope_type", "'default'",
+                 repr(p.get("rope_type")))
+        c["rope_theta"][t] = need(p, "rope_theta", float, f"{path}: rope_parameters.{t}", pos)
+        c["partial_rotary_factor"][t] = float(p.get("partial_rotary_factor", 1.0))
+    sw = cfg.get("sliding_window")
+    if "hybrid_sliding" in types and not (isinstance(sw, int) and sw > 0):
+        fail("config has hybrid_sliding layers but no sliding_window", path, "a positive integer", repr(sw))
+    c["sliding_window"] = sw if isinstance(sw, int) and sw > 0 else 0
+    for key, want in (("attention_bias", False), ("lm_head_bias", False), ("tie_word_embeddings", True)):
+        if cfg.get(key, want) != want:
+            fail(f"config value '{key}' is not supported", path, repr(want), repr(cfg.get(key)),
+                 "zaya.c implements the published ZAYA1 configuration")
+    c["max_position_embeddings"] = cfg.get("max_position_embeddings", 131072)
+    c["bos_token_id"] = cfg.get("bos_token_id", 2)
+    c["pad_token_id"] = cfg.get("pad_token_id", 0)
+    eos = cfg.get("eos_token_id", 1)
+    c["eos_token_ids"] = eos if isinstance(eos, list) else [eos]
+    return c
+
+
+def legacy_to_native_config(cfg, path):
+    """Zyphra fork schema -> native schema (CONV convert_config, docs/architecture.md 2.4)."""
+    for key, want in (("zaya_use_eda", True), ("cca", True), ("scale_residual_merge", True),
+                      ("gated_linear_unit", True)):
+        if cfg.get(key, want) != want:
+            fail(f"legacy config value '{key}' is not supported", path, repr(want), repr(cfg.get(key)))
+    if cfg.get("activation_func", "swiglu") != "swiglu":
+        fail("legacy config value 'activation_func' is not supported", path, "'swiglu'",
+             repr(cfg.get("activation_func")))
+    if cfg.get("rope_scaling") not in (None, False):
+        fail("legacy config value 'rope_scaling' is not supported", path, "null or false", repr(cfg["rope_scaling"]))
+    if "zaya_layers" in cfg:
+        fail("this is the older per-half-layer ZAYA1-base schema", path,
+             hint="only the ZAYA1-8B native and legacy layouts are supported")
+    half = need(cfg, "num_hidden_layers", int, path, lambda v: v > 0 and v % 2 == 0, "an even number of half-layers")
+    layers = half // 2
+    swa = cfg.get("swa_layers") or [0] * half
+    if not isinstance(swa, list) or len(swa) != half or not all(isinstance(w, int) and w >= 0 for w in swa):
+        fail("legacy config value 'swa_layers' is not supported", path, f"{half} non-negative integers", repr(swa))
+    types = ["hybrid" if w == 0 else "hybrid_sliding" for w in swa[::2]]
+    prf = float(cfg.get("partial_rotary_factor", 1.0))
+    native = {
+        "vocab_size": cfg.get("vocab_size"), "hidden_size": cfg.get("hidden_size"),
+        "num_hidden_layers": layers, "num_attention_heads": cfg.get("num_attention_heads"),
+        "num_key_value_heads": cfg.get("num_query_groups", cfg.get("num_key_value_heads")),
+        "head_dim": cfg.get("head_dim"), "num_experts": cfg.get("num_experts"),
+        "num_experts_per_tok": cfg.get("moe_router_topk", 1),
+        "moe_intermediate_size": (cfg.get("ffn_hidden_size") // 2
+                                  if isinstance(cfg.get("ffn_hidden_size"), int) else None),
+        "router_hidden_size": cfg.get("zaya_mlp_expansion"), "cca_time0": cfg.get("cca_time0", 2),
+        "cca_time1": cfg.get("cca_time1", 2), "rms_norm_eps": cfg.get("norm_epsilon", 1e-5),
+        "hidden_act": "silu", "layer_types": types,
+        "rope_parameters": {
+            "hybrid": {"rope_type": "default", "rope_theta": cfg.get("rope_theta", 10000.0),
+                       "partial_rotary_factor": prf},
+            "hybrid_sliding": {"rope_type": "default", "rope_theta": cfg.get("swa_rotary_base", 10000.0),
+                               "partial_rotary_factor": prf}},
+        "sliding_window": max(swa) + 1 if max(swa) > 0 else None,
+        "attention_bias": cfg.get("add_bias_linear", False),
+        "lm_head_bias": cfg.get("lm_head_bias", False),
+        "tie_word_embeddings": cfg.get("tie_word_embeddings", True),
+    }
+    for k in ("max_position_embeddings", "bos_token_id", "pad_token_id", "eos_token_id"):
+        if k in cfg:
+            native[k] = cfg[k]
+    return native_config(native, path + " (legacy schema, converted)")
+
+
+# ----------------------------------------------------------------------------------------------
+# The tensors the engine expects (docs/architecture.md 2.2) and where each comes from
+# ----------------------------------------------------------------------------------------------
+
+def expected_tensors(c):
+    """[(native name, shape, kind)] in forward order; kind 'matrix' = big linear weights that take
+    the blob's weight dtype, 'f32' = everything kept in float32."""
+    H, L, nq, nkv, d = (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                        c["num_key_value_heads"], c["head_dim"])
+    E, I, R, V = c["num_experts"], c["moe_intermediate_size"], c["router_hidden_size"], c["vocab_size"]
+    C = (nq + nkv) * d
+    t = [("model.embed_tokens.weight", (V, H), "matrix"),
+         ("model.input_hidden_states_scale", (H,), "f32"),
+         ("model.input_hidden_states_bias", (H,), "f32")]
+    scales = ("hidden_states_scale", "hidden_states_bias", "residual_scale", "residual_bias")
+    for i in range(L):
+        p = f"model.layers.{i}."
+        a = p + "self_attn.qkv_proj."
+        t += [(p + "input_layernorm.weight", (H,), "f32"),
+              (a + "q_proj.weight", (nq * d, H), "matrix"),
+              (a + "k_proj.weight", (nkv * d, H), "matrix"),
+              (a + "v_proj_current.weight", (nkv * d // 2, H), "matrix"),
+              (a + "v_proj_delayed.weight", (nkv * d // 2, H), "matrix"),
+              (a + "conv_qk_depthwise.weight", (C, 1, c["cca_time0"]), "f32"),
+              (a + "conv_qk_depthwise.bias", (C,), "f32"),
+              (a + "conv_qk_grouped.weight", (C, d, c["cca_time1"]), "f32"),
+              (a + "conv_qk_grouped.bias", (C,), "f32"),
+              (p + "self_attn.qk_norm.temp", (nkv,), "f32"),
+              (p + "self_attn.o_proj.weight", (H, nq * d), "matrix")]
+        t += [(p + "post_attention_residual_scale." + s, (H,), "f32") for s in scales]
+        g = p + "mlp.gate."
+        t += [(p + "post_attention_layernorm.weight", (H,), "f32"),
+              (g + "down_proj.weight", (R, H), "f32"),
+              (g + "down_proj.bias", (R,), "f32")]
+        if i > 0:
+            t.append((g + "router_states_scale", (R,), "f32"))
+        t += [(g + "router_mlp.norm.weight", (R,), "f32"),
+              (g + "router_mlp.fc1.weight", (R, R), "f32"), (g + "router_mlp.fc1.bias", (R,), "f32"),
+              (g + "router_mlp.fc2.weight", (R, R), "f32"), (g + "router_mlp.fc2.bias", (R,), "f32"),
+              (g + "router_mlp.out_proj.weight", (E + 1, R), "f32"),
+              (g + "balancing_biases", (E + 1,), "f32"),
+              (p + "mlp.experts.gate_up_proj", (E, 2 * I, H), "matrix"),
+              (p + "mlp.experts.down_proj", (E, H, I), "matrix")]
+        t += [(p + "post_mlp_residual_scale." + s, (H,), "f32") for s in scales]
+    t.append(("model.norm.weight", (H,), "f32"))
+    return t
+
+
+def legacy_sources(native_name, c):
+    """The legacy tensor name(s) a native tensor comes from (docs/architecture.md 2.4 table).
+    A list of several names means: stack them along a new first dimension (experts)."""
+    L, E = c["num_hidden_layers"], c["num_experts"]
+    fixed = {"model.embed_tokens.weight": "model.embed_tokens.weight",
+             "model.input_hidden_states_scale": "model.layers.0.res_scale.hidden_states_scale",
+             "model.input_hidden_states_bias": "model.layers.0.res_scale.hidden_states_bias",
+             "model.norm.weight": "model.final_norm.weight"}
+    if native_name in fixed:
+        return [fixed[native_name]]
+    m = re.match(r"model\.layers\.(\d+)\.(.*)$", native_name)
+    i, rest = int(m.group(1)), m.group(2)
+    att, mlp = f"model.layers.{2 * i}.", f"model.layers.{2 * i + 1}."
+    if rest.startswith("post_mlp_residual_scale."):
+        owner = f"model.layers.{2 * i + 2}.res_scale." if i + 1 < L else "model.res_scale."
+        return [owner + rest.split(".", 1)[1]]
+    if rest.startswith("post_attention_residual_scale."):
+        return [mlp + "res_scale." + rest.split(".", 1)[1]]
+    simple = {
+        "input_layernorm.weight": att + "input_norm.weight",
+        "self_attn.qkv_proj.q_proj.weight": att + "self_attn.qkv.linear_q.weight",
+        "self_attn.qkv_proj.k_proj.weight": att + "self_attn.qkv.linear_k.weight",
+        "self_attn.qkv_proj.v_proj_current.weight": att + "self_attn.qkv.val_proj1.weight",
+        "self_attn.qkv_proj.v_proj_delayed.weight": att + "self_attn.qkv.val_proj2.weight",
+        "self_attn.qkv_proj.conv_qk_depthwise.weight": att + "self_attn.qkv.conv_qk.0.weight",
+        "self_attn.qkv_proj.conv_qk_depthwise.bias": att + "self_attn.qkv.conv_qk.0.bias",
+        "self_attn.qkv_proj.conv_qk_grouped.weight": att + "self_attn.qkv.conv_qk.1.weight",
+        "self_attn.qkv_proj.conv_qk_grouped.bias": att + "self_attn.qkv.conv_qk.1.bias",
+        "self_attn.qk_norm.temp": att + "self_attn.qkv.temp",
+        "self_attn.o_proj.weight": att + "self_attn.o_proj.weight",
+        "post_attention_layernorm.weight": mlp + "input_norm.weight",
+        "mlp.gate.down_proj.weight": mlp + "zaya_block.router.down_proj.weight",
+        "mlp.gate.down_proj.bias": mlp + "zaya_block.router.down_proj.bias",
+        "mlp.gate.router_states_scale": mlp + "zaya_block.router.router_states_scale",
+        "mlp.gate.router_mlp.norm.weight": mlp + "zaya_block.router.rmsnorm_eda.weight",
+        "mlp.gate.router_mlp.fc1.weight": mlp + "zaya_block.router.router_mlp.0.weight",
+        "mlp.gate.router_mlp.fc1.bias": mlp + "zaya_block.router.router_mlp.0.bias",
+        "mlp.gate.router_mlp.fc2.weight": mlp + "zaya_block.router.router_mlp.2.weight",
+        "mlp.gate.router_mlp.fc2.bias": mlp + "zaya_block.router.router_mlp.2.bias",
+        "mlp.gate.router_mlp.out_proj.weight": mlp + "zaya_block.router.router_mlp.4.weight",
+        "mlp.gate.balancing_biases": mlp + "zaya_block.router.balancing_biases",
+    }
+    if rest in simple:
+        return [simple[rest]]
+    fc = {"mlp.experts.gate_up_proj": "linear_fc1", "mlp.experts.down_proj": "linear_fc2"}[rest]
+    return [f"{mlp}zaya_block.experts.local_experts.{e}.{fc}.weight" for e in range(E)]
+
+
+def plan_tensors(c, layout, where):
+    """Match every expected tensor with its source(s); refuse missing, extra or misshapen ones."""
+    plan, used = [], set()
+    for name, shape, kind in expected_tensors(c):
+        srcs = [name] if layout == "native" else legacy_sources(name, c)
+        src_shape = shape if len(srcs) == 1 else shape[1:]
+        for s in srcs:
+            if s not in where:
+                fail("missing tensor", f"{s}" + (f" (for {name})" if s != name else ""),
+                     hint="the checkpoint is incomplete or its config does not match its weights")
+            got = where[s].tensors[s][1]
+            if got != tuple(src_shape):
+                fail("tensor has the wrong shape", f"{where[s].path}: {s}", list(src_shape), list(got),
+                     "the config.json does not match the weights")
+            used.add(s)
+        plan.append((name, shape, kind, srcs))
+    extra = sorted(set(where) - used)
+    tied = "lm_head.weight"
+    if tied in extra:        # a stored tied head must equal the embedding; it is then dropped
+        extra.remove(tied)
+        check_tied_head(where, layout, c)
+    if extra:
+        fail(f"{len(extra)} unexpected tensor(s) in the checkpoint", ", ".join(extra[:5]) +
+             (" ..." if len(extra) > 5 else ""), "only the tensors of docs/architecture.md 2.2",
+             "extra tensors", "is this a ZAYA1 checkpoint of another variant?")
+    return plan
+
+
+def check_tied_head(where, layout, c):
+    emb, head = "model.embed_tokens.weight", "lm_head.weight"
+    se, sh = where[emb], where[head]
+    if se.tensors[emb][:2] != sh.tensors[head][:2]:
+        fail("lm_head.weight differs from the embedding it is tied to", sh.path,
+             se.tensors[emb][:2], sh.tensors[head][:2])
+    total = se.tensors[emb][3] - se.tensors[emb][2]
+    for b in range(0, total, CHUNK):
+        if se.read(emb, b, b + CHUNK) != sh.read(head, b, b + CHUNK):
+            fail("lm_head.weight differs from the embedding it is tied to", sh.path,
+                 hint="untied heads are not supported (tie_word_embeddings must be true)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Converting tensor data
+# ----------------------------------------------------------------------------------------------
+
+def bf16_to_f32(b):
+    """Exact widening: the fp32 bit pattern is the bf16 bits followed by 16 zero bits."""
+    out = bytearray(2 * len(b))
+    out[2::4] = b[0::2]
+    out[3::4] = b[1::2]
+    return bytes(out)
+
+
+def f16_to_f32(b):
+    n = len(b) // 2
+    return struct.pack(f"<{n}f", *struct.unpack(f"<{n}e", b))
+
+
+def f32_to_bf16_exact(b, where):
+    """fp32 -> bf16 only when no bits are lost (a bf16 blob keeps the hub's exact weights)."""
+    low = bytes(b[0::4]) + bytes(b[1::4])
+    if low.count(0) != len(low):
+        fail("tensor has float32 values that bf16 cannot hold exactly", where,
+             hint="export with --dtype fp32 (or int8)")
+    out = bytearray(len(b) // 2)
+    out[0::2] = b[2::4]
+    out[1::2] = b[3::4]
+    return bytes(out)
+
+
+def read_source_f32_or_bf16(st, name, want, sink):
+    """Stream tensor `name` from safetensors file `st` to sink(bytes) as 'f32' or 'bf16' bytes."""
+    dtype, _, begin, end = st.tensors[name]
+    size = ST_DTYPE_SIZE[dtype]
+    step = CHUNK - CHUNK % 4
+    for b in range(0, end - begin, step):
+        raw = st.read(name, b, b + step)
+        if dtype == "BF16":
+            sink(raw if want == "bf16" else bf16_to_f32(raw))
+        elif dtype == "F32":
+            sink(raw if want == "f32" else f32_to_bf16_exact(raw, f"{st.path}: {name}"))
+        else:
+            f = f16_to_f32(raw)
+            sink(f if want == "f32" else f32_to_bf16_exact(f, f"{st.path}: {name}"))
+    del size
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing the blob (docs/blob-format.md)
+# ----------------------------------------------------------------------------------------------
+
+def align(n, a):
+    return (n + a - 1) // a * a
+
+
+class BlobWriter:
+    def __init__(self, path):
+        self.path = path
+        try:
+            self.f = open(path + ".tmp", "wb")
+        except OSError as e:
+            fail("cannot write the output file", path, hint=str(e))
+        self.pos = 0
+        self.crc = 0
+
+    def write(self, b):
+        self.f.write(b)
+        self.pos += len(b)
+        self.crc = zlib.crc32(b, self.crc)
+
+    def pad_to(self, a):
+        n = align(self.pos, a) - self.pos
+        if n:
+            self.f.write(b"\0" * n)
+            self.pos += n
+
+
+def pack_header(c, layout, wformat, group, n_tensors, data_off, tok_off, tok_size, file_size, provenance):
+    L = c["num_hidden_layers"]
+    eos = c["eos_token_ids"][:MAX_EOS]
+    rot = [int(c["head_dim"] * c["partial_rotary_factor"][t]) for t in LAYER_TYPES]
+    h = bytearray(HEADER_SIZE)
+    struct.pack_into("<8sIIQQIIIIQQQ", h, 0, MAGIC, FORMAT_VERSION, 0, file_size, HEADER_SIZE, n_tensors,
+                     DTYPE_CODES[wformat], group, 0 if layout == "native" else 1, data_off, tok_off, tok_size)
+    struct.pack_into("<14I2iI4i2I5fI", h, 128,
+                     c["vocab_size"], c["hidden_size"], L, c["num_attention_heads"], c["num_key_value_heads"],
+                     c["head_dim"], c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"],
+                     c["router_hidden_size"], c["cca_time0"], c["cca_time1"], c["sliding_window"],
+                     c["max_position_embeddings"], c["bos_token_id"], c["pad_token_id"], len(eos),
+                     *(eos + [-1] * (MAX_EOS - len(eos))), *rot, c["rms_norm_eps"],
+                     c["rope_theta"]["hybrid"], c["rope_theta"]["hybrid_sliding"],
+                     c["partial_rotary_factor"]["hybrid"], c["partial_rotary_factor"]["hybrid_sliding"], 1)
+    h[256:256 + L] = bytes(LAYER_TYPES[t] for t in c["layer_types"])
+    prov = json.dumps(provenance, sort_keys=True).encode()[:511]
+    h[512:512 + len(prov)] = prov
+    return h
+
+
+def pack_entry(name, dtype, shape, offset, nbytes, crc):
+    e = bytearray(DIR_ENTRY_SIZE)
+    nb = name.encode()
+    e[:len(nb)] = nb
+    dims = list(shape) + [1] * (4 - len(shape))
+    struct.pack_into("<II4QQQII", e, NAME_SIZE, DTYPE_CODES[dtype], len(shape), *dims, offset, nbytes, crc, 0)
+    return e
+
+
+def tensor_nbytes(shape, dtype, group):
+    n = 1
+    for d in shape:
+        n *= d
+    if dtype == "fp32":
+        return n * 4
+    if dtype == "bf16":
+        return n * 2
+    return align(n, ALIGN) + 4 * (n // group)      # int8 values, then one fp32 scale per group
+
+
+def check_config_limits(c, path):
+    L, H, d = c["num_hidden_layers"], c["hidden_size"], c["head_dim"]
+    checks = [
+        (L <= MAX_LAYERS, "num_hidden_layers", f"<= {MAX_LAYERS}", L),
+        (c["num_attention_heads"] % c["num_key_value_heads"] == 0, "num_attention_heads",
+         f"a multiple of num_key_value_heads ({c['num_key_value_heads']})", c["num_attention_heads"]),
+        (c["num_key_value_heads"] % 2 == 0, "num_key_value_heads",
+         "even (half of the value heads are current, half delayed)", c["num_key_value_heads"]),
+        (len(c["eos_token_ids"]) <= MAX_EOS and all(isinstance(e, int) and 0 <= e < c["vocab_size"]
+                                                    for e in c["eos_token_ids"]),
+         "eos_token_id", f"at most {MAX_EOS} ids below vocab_size", c["eos_token_ids"]),
+    ]
+    for t in LAYER_TYPES:
+        rot = c["head_dim"] * c["partial_rotary_factor"][t]
+        checks.append((0 < int(rot) <= d and int(rot) % 2 == 0, f"rope_parameters.{t}.partial_rotary_factor",
+                       f"head_dim x factor an even number in 2..{d}", c["partial_rotary_factor"][t]))
+    for ok, key, expected, found in checks:
+        if not ok:
+            fail(f"config value '{key}' is not supported", path, expected, found)
+    del H
+
+
+def export(ckpt, out, wformat="fp32", group=32, chat_format=None, log=print):
+    t0 = time.time()
+    cfg_path = os.path.join(ckpt, "config.json")
+    cfg = read_json(cfg_path, "config.json")
+    if not isinstance(cfg, dict):
+        fail("config.json is not a JSON object", cfg_path)
+    where = open_checkpoint(ckpt)
+    layout = detect_layout(cfg, where)
+    c = native_config(cfg, cfg_path) if layout == "native" else legacy_to_native_config(cfg, cfg_path)
+    check_config_limits(c, cfg_path)
+    if wformat == "int8":
+        fail("int8 export is not available in this version", "--dtype int8", "fp32 or bf16", "int8")
+    plan = plan_tensors(c, layout, where)
+    try:
+        tok = export_tokenizer.build_tokenizer_section(ckpt, chat_format)
+    except ValueError as e:
+        raise ExportError(str(e))
+    log(f"checkpoint: {ckpt} ({layout} layout, {len(where)} tensors, "
+        f"{c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_experts']} experts)")
+
+    # Layout of the file: header, directory, data (page-aligned start, 64-byte aligned tensors), tokenizer.
+    dir_size = DIR_ENTRY_SIZE * len(plan)
+    data_off = align(HEADER_SIZE + dir_size, PAGE)
+    entries, pos = [], data_off
+    for name, shape, kind, srcs in plan:
+        dtype = wformat if kind == "matrix" else "fp32"
+        nbytes = tensor_nbytes(shape, dtype, group)
+        entries.append([name, dtype, shape, pos, nbytes, 0])
+        pos = align(pos + nbytes, ALIGN)
+    tok_off = pos
+    file_size = tok_off + len(tok)
+
+    w = BlobWriter(out)
+    w.write(bytes(data_off))                         # header and directory are written last
+    done, total = 0, sum(e[4] for e in entries)
+    last = time.time()
+    for entry, (name, shape, kind, srcs) in zip(entries, plan):
+        w.pad_to(ALIGN)
+        assert w.pos == entry[3]
+        w.crc = 0
+        want = "bf16" if entry[1] == "bf16" else "f32"
+        for s in srcs:
+            read_source_f32_or_bf16(where[s], s, want, w.write)
+        entry[5] = w.crc
+        done += entry[4]
+        if time.time() - last > 2 or done == total:
+            last = time.time()
+            log(f"  {100 * done / total:5.1f}%  {done / 1e9:7.2f} / {total / 1e9:.2f} GB  {name}")
+    w.pad_to(ALIGN)
+    assert w.pos == tok_off
+    w.write(tok)
+    provenance = {"exporter": EXPORTER_VERSION, "source": os.path.basename(os.path.abspath(ckpt)),
+                  "layout": layout, "dtype": wformat}
+    header = pack_header(c, layout, wformat, group if wformat == "int8" else 0, len(entries), data_off,
+                         tok_off, len(tok), file_size, provenance)
+    directory = b"".join(pack_entry(*e) for e in entries)
+    struct.pack_into("<I", header, 12, zlib.crc32(directory, zlib.crc32(bytes(header))))
+    w.f.seek(0)
+    w.f.write(header)
+    w.f.write(directory)
+    w.f.close()
+    os.replace(out + ".tmp", out)
+    log(f"wrote {out}: {file_size / 1e6:.1f} MB, {len(entries)} tensors ({wformat}), "
+        f"tokenizer {len(tok) / 1e6:.1f} MB, in {time.time() - t0:.1f} s")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Export a Hugging Face ZAYA1 checkpoint folder to a zaya.c blob.")
+    ap.add_argument("checkpoint", help="folder with config.json, *.safetensors, tokenizer.json, tokenizer_config.json")
+    ap.add_argument("out", help="output blob, e.g. zaya1-8b.bin")
+    ap.add_argument("--dtype", choices=sorted(DTYPE_CODES), default="fp32",
+                    help="format of the big matrices (default fp32; bf16 keeps the hub's exact weights)")
+    ap.add_argument("--group-size", type=int, default=32, help="int8 quantization group size (default 32)")
+    ap.add_argument("--chat-format", choices=["auto", "chatml", "gemma", "none"], default="auto",
+                    help="chat turn format (default: recognised from tokenizer_config.json's chat_template)")
+    args = ap.parse_args(argv)
+    try:
+        export(args.checkpoint, args.out, args.dtype, args.group_size,
+               None if args.chat_format == "auto" else args.chat_format)
+    except ExportError as e:
+        print(f"export_weights.py: error: {e}", file=sys.stderr)
+        try:
+            os.remove(args.out + ".tmp")
+        except OSError:
+            pass
+        return 1
+    except KeyboardInterrupt:
+        print("export_weights.py: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1504 @@
+/* zaya.c - ZAYA1-8B inference in plain C: blob loader, forward pass, sampler, dumps, CLI.
+ *
+ * Read it top to bottom:
+ *   1. small helpers (errors, bf16, matrices)
+ *   2. the math kernels: rmsnorm, matvec, softmax, GELU, SiLU
+ *   3. loading and validating the blob (docs/blob-format.md)
+ *   4. the decoding state
+ *   5. forward(): one token through the model, in the order of docs/architecture.md section 3
+ *   6. sampling, dumps and the command line (compiled unless ZAYA_NO_MAIN is defined)
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "zaya.h"
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * 1. Helpers
+ * ------------------------------------------------------------------------------------------- */
+
+/* Formats an error message into err and returns -1, so failures read `return fail(err, n, ...)`. */
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static inline float bf16_to_f32(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;   /* exact: bf16 is the top half of an fp32 */
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Rows [row0, row0+nrows) of a matrix as a matrix of their own (used for one expert's slice). */
+static ZayaMatrix matrix_rows(const ZayaMatrix *m, int row0, int nrows) {
+    ZayaMatrix r = *m;
+    size_t start = (size_t)row0 * (size_t)m->cols;
+    r.rows = nrows;
+    if (m->dtype == ZAYA_F32) r.data = (const float *)m->data + start;
+    else if (m->dtype == ZAYA_BF16) r.data = (const uint16_t *)m->data + start;
+    else {
+        r.data = (const int8_t *)m->data + start;
+        r.scales = m->scales + start / (size_t)m->group_size;
+    }
+    return r;
+}
+
+/* Row `row` of a matrix widened to float32 (the embedding lookup). */
+static void matrix_row(const ZayaMatrix *m, int row, float *out) {
+    size_t start = (size_t)row * (size_t)m->cols;
+    for (int i = 0; i < m->cols; i++) {
+        if (m->dtype == ZAYA_F32) out[i] = ((const float *)m->data)[start + i];
+        else if (m->dtype == ZAYA_BF16) out[i] = bf16_to_f32(((const uint16_t *)m->data)[start + i]);
+        else out[i] = ((const int8_t *)m->data)[start + i] * m->scales[(start + i) / (size_t)m->group_size];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 2. Kernels
+ * ------------------------------------------------------------------------------------------- */
+
+/* RMSNorm(x; w) = w * (x / sqrt(mean(x^2) + eps)), HF ZayaRMSNorm.forward (weight not 1+w). */
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+void zaya_matvec_ref(float *y, const ZayaMatrix *w, const float *x) {
+    for (int o = 0; o < w->rows; o++) {
+        size_t row = (size_t)o * (size_t)w->cols;
+        float sum = 0.0f;
+        if (w->dtype == ZAYA_F32) {
+            const float *wr = (const float *)w->data + row;
+            for (int i = 0; i < w->cols; i++) sum += wr[i] * x[i];
+        } else if (w->dtype == ZAYA_BF16) {
+            const uint16_t *wr = (const uint16_t *)w->data + row;
+            for (int i = 0; i < w->cols; i++) sum += bf16_to_f32(wr[i]) * x[i];
+        } else {   /* Q8: sum over groups of scale * (sum of q*x in the group) */
+            const int8_t *wr = (const int8_t *)w->data + row;
+            const float *sr = w->scales + row / (size_t)w->group_size;
+            for (int g = 0; g < w->cols / w->group_size; g++) {
+                float gs = 0.0f;
+                for (int i = g * w->group_size; i < (g + 1) * w->group_size; i++) gs += (float)wr[i] * x[i];
+                sum += gs * sr[g];
+            }
+        }
+        y[o] = sum;
+    }
+}
+
+/* Fast dot products: 16 independent accumulators so the compiler can vectorize without
+ * -ffast-math; the result is deterministic (fixed order) but differs from the reference kernel
+ * in the last bits. test/test_kernels.c checks the two agree. */
+#define LANES 16
+static float dot_f32(const float *w, const float *x, int n) {
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += w[i + l] * x[i + l];
+    float sum = 0.0f;
+    for (int l = 0; l < LANES; l++) sum += acc[l];
+    for (; i < n; i++) sum += w[i] * x[i];
+    return sum;
+}
+
+static float dot_bf16(const uint16_t *w, const float *x, int n) {
+    float acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += bf16_to_f32(w[i + l]) * x[i + l];
+    float sum = 0.0f;
+    for (int l = 0; l < LANES; l++) sum += acc[l];
+    for (; i < n; i++) sum += bf16_to_f32(w[i]) * x[i];
+    return sum;
+}
+
+static float dot_q8(const int8_t *w, const float *scales, int group, const float *x, int n) {
+    float sum = 0.0f;
+    for (int g = 0; g < n / group; g++) {
+        float acc[LANES] = {0};
+        const int8_t *wg = w + (size_t)g * group;
+        const float *xg = x + (size_t)g * group;
+        int i = 0;
+        for (; i + LANES <= group; i += LANES)
+            for (int l = 0; l < LANES; l++) acc[l] += (float)wg[i + l] * xg[i + l];
+        float gs = 0.0f;
+        for (int l = 0; l < LANES; l++) gs += acc[l];
+        for (; i < group; i++) gs += (float)wg[i] * xg[i];
+        sum += gs * scales[g];
+    }
+    return sum;
+}
+
+void zaya_matvec(float *y, const ZayaMatrix *w, const float *x) {
+    const int rows = w->rows, cols = w->cols;
+#pragma omp parallel for schedule(static) if (rows >= 256)
+    for (int o = 0; o < rows; o++) {
+        size_t row = (size_t)o * (size_t)cols;
+        if (w->dtype == ZAYA_F32) y[o] = dot_f32((const float *)w->data + row, x, cols);
+        else if (w->dtype == ZAYA_BF16) y[o] = dot_bf16((const uint16_t *)w->data + row, x, cols);
+        else y[o] = dot_q8((const int8_t *)w->data + row, w->scales + row / (size_t)w->group_size,
+                           w->group_size, x, cols);
+    }
+}
+
+static void add_bias(float *y, const float *b, int n) {
+    for (int i = 0; i < n; i++) y[i] += b[i];
+}
+
+/* softmax in float32 with the maximum subtracted (torch.softmax). */
+static void softmax(float *x, int n) {
+    float max = x[0];
+    for (int i = 1; i < n; i++) if (x[i] > max) max = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    for (int i = 0; i < n; i++) x[i] /= sum;
+}
+
+/* Exact GELU (torch.nn.functional.gelu, approximate="none"): x * 0.5 * (1 + erf(x / sqrt(2))). */
+static float gelu(float x) { return x * 0.5f * (1.0f + erff(x * 0.70710678118654752440f)); }
+
+/* SiLU(x) = x * sigmoid(x) (torch.nn.functional.silu). */
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* (branch + hb) * hs + (residual + rb) * rs, into residual (HF ZayaResidualScaling.forward). */
+static void residual_scale(float *residual, const float *branch, const ZayaResidualScale *p, int n) {
+    for (int i = 0; i < n; i++)
+        residual[i] = (branch[i] + p->hidden_states_bias[i]) * p->hidden_states_scale[i] +
+                      (residual[i] + p->residual_bias[i]) * p->residual_scale[i];
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 3. Loading the blob (docs/blob-format.md; written by export_weights.py)
+ * ------------------------------------------------------------------------------------------- */
+
+#define HEADER_SIZE 1024
+#define DIR_ENTRY_SIZE 192
+#define NAME_SIZE 128
+#define HINT_REEXPORT "hint: re-export the checkpoint with export_weights.py"
+
+static uint32_t rd_u32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t rd_u64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static float rd_f32(const unsigned char *p) { float v; memcpy(&v, p, 4); return v; }
+
+/* CRC-32 (IEEE, as Python's zlib.crc32), bitwise table built on first use per call site. */
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
+    uint32_t table[256];
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        table[i] = c;
+    }
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+typedef struct {
+    char name[NAME_SIZE];
+    uint32_t dtype, ndim;
+    uint64_t shape[4], offset, nbytes;
+    uint32_t crc;
+    int used;
+} DirEntry;
+
+/* Bytes a tensor of `numel` values takes in the blob (docs/blob-format.md). */
+static uint64_t tensor_bytes(int dtype, uint64_t numel, int group) {
+    if (dtype == ZAYA_F32) return numel * 4;
+    if (dtype == ZAYA_BF16) return numel * 2;
+    return (numel + 63) / 64 * 64 + 4 * (numel / (uint64_t)group);
+}
+
+typedef struct {
+    const char *path;
+    const unsigned char *base;
+    DirEntry *dir;
+    int n;
+    int group_size;
+    char *err;
+    size_t errlen;
+} Loader;
+
+/* Finds tensor `name` with the expected shape (up to 3 dims; 0 = unused); `matrix` = may be any
+ * dtype, otherwise must be float32. Returns the entry or NULL with a message. */
+static const DirEntry *find_tensor(Loader *ld, const char *name, int matrix, uint64_t d0, uint64_t d1, uint64_t d2) {
+    uint64_t want[3] = {d0, d1, d2};
+    int ndim = d2 ? 3 : d1 ? 2 : 1;
+    for (int i = 0; i < ld->n; i++) {
+        DirEntry *e = &ld->dir[i];
+        if (strcmp(e->name, name) != 0) continue;
+        if (e->used) { fail(ld->err, ld->errlen, "%s: tensor %s appears twice in the directory\n  %s", ld->path, name, HINT_REEXPORT); return NULL; }
+        e->used = 1;
+        int shape_ok = (int)e->ndim == ndim;
+        for (int k = 0; k < ndim && shape_ok; k++) shape_ok = e->shape[k] == want[k];
+        if (!shape_ok) {
+            fail(ld->err, ld->errlen, "%s: tensor %s has the wrong shape\n  expected: [%llu, %llu, %llu] (%d dims)\n  found:    [%llu, %llu, %llu] (%u dims)\n  %s",
+                 ld->path, name, (unsigned long long)d0, (unsigned long long)d1, (unsigned long long)d2, ndim,
+                 (unsigned long long)e->shape[0], (unsigned long long)e->shape[1], (unsigned long long)e->shape[2], e->ndim, HINT_REEXPORT);
+            return NULL;
+        }
+        if (!matrix && e->dtype != ZAYA_F32) {
+            fail(ld->err, ld->errlen, "%s: tensor %s has dtype %u\n  expected: 0 (float32; only the big matrices are bf16/int8)\n  %s", ld->path, name, e->dtype, HINT_REEXPORT);
+            return NULL;
+        }
+        return e;
+    }
+    fail(ld->err, ld->errlen, "%s: tensor %s is missing from the blob\n  %s", ld->path, name, HINT_REEXPORT);
+    return NULL;
+}
+
+static int load_vector(Loader *ld, const float **out, const char *name, uint64_t d0, uint64_t d1, uint64_t d2) {
+    const DirEntry *e = find_tensor(ld, name, 0, d0, d1, d2);
+    if (!e) return -1;
+    *out = (const float *)(ld->base + e->offset);
+    return 0;
+}
+
+/* A 2-D matrix [rows, cols], or a 3-D stack [n, rows, cols] seen as [n*rows, cols]. */
+static int load_matrix(Loader *ld, ZayaMatrix *m, const char *name, uint64_t n, uint64_t rows, uint64_t cols) {
+    const DirEntry *e = n ? find_tensor(ld, name, 1, n, rows, cols) : find_tensor(ld, name, 1, rows, cols, 0);
+    if (!e) return -1;
+    uint64_t total_rows = n ? n * rows : rows;
+    if (e->dtype == ZAYA_Q8 && cols % (uint64_t)ld->group_size != 0)
+        return fail(ld->err, ld->errlen, "%s: tensor %s is int8 with %llu columns, not a multiple of the group size %d\n  %s",
+                    ld->path, name, (unsigned long long)cols, ld->group_size, HINT_REEXPORT);
+    m->dtype = (int)e->dtype;
+    m->rows = (int)total_rows;
+    m->cols = (int)cols;
+    m->group_size = ld->group_size;
+    m->data = ld->base + e->offset;
+    m->scales = e->dtype == ZAYA_Q8 ? (const float *)(ld->base + e->offset + (total_rows * cols + 63) / 64 * 64) : NULL;
+    return 0;
+}
+
+static int load_residual_scale(Loader *ld, ZayaResidualScale *p, const char *prefix, int H) {
+    char name[NAME_SIZE];
+    const char *parts[4] = {"hidden_states_scale", "hidden_states_bias", "residual_scale", "residual_bias"};
+    const float **dst[4] = {&p->hidden_states_scale, &p->hidden_states_bias, &p->residual_scale, &p->residual_bias};
+    for (int k = 0; k < 4; k++) {
+        snprintf(name, sizeof name, "%s.%s", prefix, parts[k]);
+        if (load_vector(ld, dst[k], name, (uint64_t)H, 0, 0)) return -1;
+    }
+    return 0;
+}
+
+/* Reads and range-checks the config block (offset 128 of the header). */
+static int read_config(ZayaConfig *c, const unsigned char *h, const char *path, char *err, size_t errlen) {
+    const unsigned char *p = h + 128;
+    int *ints[] = {&c->vocab_size, &c->hidden_size, &c->num_layers, &c->num_heads, &c->num_kv_heads, &c->head_dim,
+                   &c->num_experts, &c->experts_per_tok, &c->moe_intermediate, &c->router_hidden, &c->cca_time0,
+                   &c->cca_time1, &c->sliding_window, &c->max_position};
+    const char *names[] = {"vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                           "num_experts", "experts_per_tok", "moe_intermediate", "router_hidden", "cca_time0",
+                           "cca_time1", "sliding_window", "max_position"};
+    const uint32_t lo[] = {1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 0, 1};
+    const uint32_t hi[] = {1u << 24, 1u << 16, ZAYA_MAX_LAYERS, 1024, 1024, 4096, 4096, 1, 1u << 18, 1u << 14, 16, 16,
+                           1u << 24, 1u << 30};
+    for (int k = 0; k < 14; k++) {
+        uint32_t v = rd_u32(p + 4 * k);
+        if (v < lo[k] || v > hi[k])
+            return fail(err, errlen, "%s: config value %s is out of range\n  expected: %u..%u\n  found:    %u\n  %s",
+                        path, names[k], lo[k], hi[k], v, HINT_REEXPORT);
+        *ints[k] = (int)v;
+    }
+    c->bos_id = (int32_t)rd_u32(p + 56);
+    c->pad_id = (int32_t)rd_u32(p + 60);
+    c->n_eos = (int)rd_u32(p + 64);
+    if (c->n_eos < 0 || c->n_eos > ZAYA_MAX_EOS)
+        return fail(err, errlen, "%s: config n_eos is out of range\n  expected: 0..%d\n  found:    %d\n  %s", path, ZAYA_MAX_EOS, c->n_eos, HINT_REEXPORT);
+    for (int k = 0; k < ZAYA_MAX_EOS; k++) c->eos_ids[k] = (int32_t)rd_u32(p + 68 + 4 * k);
+    c->rope_dim[0] = (int)rd_u32(p + 84);
+    c->rope_dim[1] = (int)rd_u32(p + 88);
+    c->rms_norm_eps = rd_f32(p + 92);
+    c->rope_theta[0] = rd_f32(p + 96);
+    c->rope_theta[1] = rd_f32(p + 100);
+    c->partial_rotary_factor[0] = rd_f32(p + 104);
+    c->partial_rotary_factor[1] = rd_f32(p + 108);
+    memcpy(c->layer_types, h + 256, ZAYA_MAX_LAYERS);
+
+    if (c->num_heads % c->num_kv_heads != 0 || c->num_kv_heads % 2 != 0)
+        return fail(err, errlen, "%s: config has %d query heads and %d KV heads\n  expected: an even number of KV heads that divides the query heads\n  %s",
+                    path, c->num_heads, c->num_kv_heads, HINT_REEXPORT);
+    for (int k = 0; k < 2; k++)
+        if (c->rope_dim[k] < 2 || c->rope_dim[k] > c->head_dim || c->rope_dim[k] % 2 ||
+            !(c->rope_theta[k] > 0.0f) || !isfinite(c->rope_theta[k]))
+            return fail(err, errlen, "%s: config RoPE for layer type %d is out of range\n  expected: rotary dims even in 2..%d, theta > 0\n  found:    dims %d, theta %g\n  %s",
+                        path, k, c->head_dim, c->rope_dim[k], (double)c->rope_theta[k], HINT_REEXPORT);
+    if (!(c->rms_norm_eps > 0.0f) || !(c->rms_norm_eps < 1.0f))
+        return fail(err, errlen, "%s: config rms_norm_eps is out of range\n  expected: 0 < eps < 1\n  found:    %g\n  %s", path, (double)c->rms_norm_eps, HINT_REEXPORT);
+    int ids[2 + ZAYA_MAX_EOS] = {c->bos_id, c->pad_id};
+    for (int k = 0; k < c->n_eos; k++) ids[2 + k] = c->eos_ids[k];
+    for (int k = 0; k < 2 + c->n_eos; k++)
+        if (ids[k] < 0 || ids[k] >= c->vocab_size)
+            return fail(err, errlen, "%s: config special token id %d is outside the vocabulary\n  expected: 0..%d\n  %s", path, ids[k], c->vocab_size - 1, HINT_REEXPORT);
+    for (int l = 0; l < ZAYA_MAX_LAYERS; l++) {
+        int t = c->layer_types[l];
+        if (l < c->num_layers && t != ZAYA_HYBRID && t != ZAYA_HYBRID_SLIDING)
+            return fail(err, errlen, "%s: layer %d has an unknown type %d\n  expected: 0 (hybrid) or 1 (hybrid_sliding)\n  %s", path, l, t, HINT_REEXPORT);
+        if (l < c->num_layers && t == ZAYA_HYBRID_SLIDING && c->sliding_window < 1)
+            return fail(err, errlen, "%s: layer %d is hybrid_sliding but sliding_window is 0\n  %s", path, l, HINT_REEXPORT);
+    }
+    return 0;
+}
+
+/* The tensors of arch §2.2, bound to the model struct. */
+static int bind_tensors(ZayaModel *m, Loader *ld) {
+    const ZayaConfig *c = &m->config;
+    const uint64_t H = (uint64_t)c->hidden_size, d = (uint64_t)c->head_dim, nq = (uint64_t)c->num_heads,
+                   nkv = (uint64_t)c->num_kv_heads, E = (uint64_t)c->num_experts, I = (uint64_t)c->moe_intermediate,
+                   R = (uint64_t)c->router_hidden, C = (nq + nkv) * d;
+    if (load_matrix(ld, &m->embed_tokens, "model.embed_tokens.weight", 0, (uint64_t)c->vocab_size, H) ||
+        load_vector(ld, &m->input_hidden_states_scale, "model.input_hidden_states_scale", H, 0, 0) ||
+        load_vector(ld, &m->input_hidden_states_bias, "model.input_hidden_states_bias", H, 0, 0) ||
+        load_vector(ld, &m->norm, "model.norm.weight", H, 0, 0))
+        return -1;
+    m->layers = calloc((size_t)c->num_layers, sizeof(ZayaLayer));
+    if (!m->layers) return fail(ld->err, ld->errlen, "out of memory");
+    char n[NAME_SIZE], p[64];
+#define NAME(fmt) (snprintf(n, sizeof n, "%s." fmt, p), n)
+    for (int i = 0; i < c->num_layers; i++) {
+        ZayaLayer *L = &m->layers[i];
+        snprintf(p, sizeof p, "model.layers.%d", i);
+        if (load_vector(ld, &L->input_layernorm, NAME("input_layernorm.weight"), H, 0, 0) ||
+            load_matrix(ld, &L->q_proj, NAME("self_attn.qkv_proj.q_proj.weight"), 0, nq * d, H) ||
+            load_matrix(ld, &L->k_proj, NAME("self_attn.qkv_proj.k_proj.weight"), 0, nkv * d, H) ||
+            load_matrix(ld, &L->v_proj_current, NAME("self_attn.qkv_proj.v_proj_current.weight"), 0, nkv * d / 2, H) ||
+            load_matrix(ld, &L->v_proj_delayed, NAME("self_attn.qkv_proj.v_proj_delayed.weight"), 0, nkv * d / 2, H) ||
+            load_vector(ld, &L->conv_qk_depthwise_weight, NAME("self_attn.qkv_proj.conv_qk_depthwise.weight"), C, 1, (uint64_t)c->cca_time0) ||
+            load_vector(ld, &L->conv_qk_depthwise_bias, NAME("self_attn.qkv_proj.conv_qk_depthwise.bias"), C, 0, 0) ||
+            load_vector(ld, &L->conv_qk_grouped_weight, NAME("self_attn.qkv_proj.conv_qk_grouped.weight"), C, d, (uint64_t)c->cca_time1) ||
+            load_vector(ld, &L->conv_qk_grouped_bias, NAME("self_attn.qkv_proj.conv_qk_grouped.bias"), C, 0, 0) ||
+            load_vector(ld, &L->qk_norm_temp, NAME("self_attn.qk_norm.temp"), nkv, 0, 0) ||
+            load_matrix(ld, &L->o_proj, NAME("self_attn.o_proj.weight"), 0, H, nq * d) ||
+            load_residual_scale(ld, &L->post_attention_residual_scale, NAME("post_attention_residual_scale"), (int)H) ||
+            load_vector(ld, &L->post_attention_layernorm, NAME("post_attention_layernorm.weight"), H, 0, 0) ||
+            load_matrix(ld, &L->router_down_proj, NAME("mlp.gate.down_proj.weight"), 0, R, H) ||
+            load_vector(ld, &L->router_down_proj_bias, NAME("mlp.gate.down_proj.bias"), R, 0, 0) ||
+            (i > 0 && load_vector(ld, &L->router_states_scale, NAME("mlp.gate.router_states_scale"), R, 0, 0)) ||
+            load_vector(ld, &L->router_norm, NAME("mlp.gate.router_mlp.norm.weight"), R, 0, 0) ||
+            load_matrix(ld, &L->router_fc1, NAME("mlp.gate.router_mlp.fc1.weight"), 0, R, R) ||
+            load_vector(ld, &L->router_fc1_bias, NAME("mlp.gate.router_mlp.fc1.bias"), R, 0, 0) ||
+            load_matrix(ld, &L->router_fc2, NAME("mlp.gate.router_mlp.fc2.weight"), 0, R, R) ||
+            load_vector(ld, &L->router_fc2_bias, NAME("mlp.gate.router_mlp.fc2.bias"), R, 0, 0) ||
+            load_matrix(ld, &L->router_out_proj, NAME("mlp.gate.router_mlp.out_proj.weight"), 0, E + 1, R) ||
+            load_vector(ld, &L->balancing_biases, NAME("mlp.gate.balancing_biases"), E + 1, 0, 0) ||
+            load_matrix(ld, &L->experts_gate_up, NAME("mlp.experts.gate_up_proj"), E, 2 * I, H) ||
+            load_matrix(ld, &L->experts_down, NAME("mlp.experts.down_proj"), E, H, I) ||
+            load_residual_scale(ld, &L->post_mlp_residual_scale, NAME("post_mlp_residual_scale"), (int)H))
+            return -1;
+    }
+#undef NAME
+    for (int i = 0; i < ld->n; i++)
+        if (!ld->dir[i].used)
+            return fail(ld->err, ld->errlen, "%s: unexpected tensor %s in the blob\n  expected: only the tensors of docs/architecture.md 2.2 for this config\n  %s",
+                        ld->path, ld->dir[i].name, HINT_REEXPORT);
+    return 0;
+}
+
+/* Reads and checks the tensor directory: names, dtypes, sizes, offsets inside the data section,
+ * alignment and no overlap. Touches no tensor data. */
+static int read_directory(Loader *ld, const unsigned char *h, uint64_t data_off, uint64_t data_end) {
+    for (int i = 0; i < ld->n; i++) {
+        const unsigned char *p = h + HEADER_SIZE + (size_t)i * DIR_ENTRY_SIZE;
+        DirEntry *e = &ld->dir[i];
+        memcpy(e->name, p, NAME_SIZE);
+        if (memchr(e->name, 0, NAME_SIZE) == NULL || e->name[0] == 0)
+            return fail(ld->err, ld->errlen, "%s: tensor directory entry %d has no valid name\n  %s", ld->path, i, HINT_REEXPORT);
+        e->dtype = rd_u32(p + NAME_SIZE);
+        e->ndim = rd_u32(p + NAME_SIZE + 4);
+        uint64_t numel = 1;
+        for (int k = 0; k < 4; k++) {
+            e->shape[k] = rd_u64(p + NAME_SIZE + 8 + 8 * k);
+            if (e->shape[k] == 0 || e->shape[k] > (1ull << 32))
+                return fail(ld->err, ld->errlen, "%s: tensor %s has dimension %d = %llu\n  expected: 1..2^32\n  %s", ld->path, e->name, k, (unsigned long long)e->shape[k], HINT_REEXPORT);
+            numel *= e->shape[k];
+            if (numel > (1ull << 40))
+                return fail(ld->err, ld->errlen, "%s: tensor %s is impossibly large\n  %s", ld->path, e->name, HINT_REEXPORT);
+        }
+        e->offset = rd_u64(p + NAME_SIZE + 40);
+        e->nbytes = rd_u64(p + NAME_SIZE + 48);
+        e->crc = rd_u32(p + NAME_SIZE + 56);
+        e->used = 0;
+        if (e->dtype > ZAYA_Q8 || e->ndim < 1 || e->ndim > 4)
+            return fail(ld->err, ld->errlen, "%s: tensor %s has dtype %u and %u dims\n  expected: dtype 0..2, 1..4 dims\n  %s", ld->path, e->name, e->dtype, e->ndim, HINT_REEXPORT);
+        if (e->dtype == ZAYA_Q8 && (ld->group_size <= 0 || numel % (uint64_t)ld->group_size))
+            return fail(ld->err, ld->errlen, "%s: int8 tensor %s does not split into groups of %d\n  %s", ld->path, e->name, ld->group_size, HINT_REEXPORT);
+        uint64_t want = tensor_bytes((int)e->dtype, numel, ld->group_size);
+        if (e->nbytes != want)
+            return fail(ld->err, ld->errlen, "%s: tensor %s has a byte size that does not match its shape\n  expected: %llu bytes\n  found:    %llu bytes\n  %s",
+                        ld->path, e->name, (unsigned long long)want, (unsigned long long)e->nbytes, HINT_REEXPORT);
+        if (e->offset % 64 || e->offset < data_off || e->offset > data_end || e->nbytes > data_end - e->offset)
+            return fail(ld->err, ld->errlen, "%s: tensor %s lies outside the data section or is misaligned\n  expected: a 64-byte aligned range within [%llu, %llu)\n  found:    [%llu, %llu)\n  hint: the file is truncated or corrupt; re-export it with export_weights.py",
+                        ld->path, e->name, (unsigned long long)data_off, (unsigned long long)data_end,
+                        (unsigned long long)e->offset, (unsigned long long)(e->offset + e->nbytes));
+    }
+    /* no overlap: check every pair in offset order (insertion sort on an index; n is ~1300) */
+    int *order = malloc(sizeof(int) * (size_t)ld->n);
+    if (!order) return fail(ld->err, ld->errlen, "out of memory");
+    for (int i = 0; i < ld->n; i++) {
+        int j = i;
+        while (j > 0 && ld->dir[order[j - 1]].offset > ld->dir[i].offset) { order[j] = order[j - 1]; j--; }
+        order[j] = i;
+    }
+    for (int i = 1; i < ld->n; i++) {
+        const DirEntry *a = &ld->dir[order[i - 1]], *b = &ld->dir[order[i]];
+        if (a->offset + a->nbytes > b->offset) {
+            free(order);
+            return fail(ld->err, ld->errlen, "%s: tensors %s and %s overlap\n  %s", ld->path, a->name, b->name, HINT_REEXPORT);
+        }
+    }
+    free(order);
+    return 0;
+}
+
+int zaya_load(ZayaModel *m, const char *path, int verify_crc, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fail(err, errlen, "cannot open model file %s: %s\n  hint: export one with: python3 export_weights.py CKPT_DIR %s", path, strerror(errno), path);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(err, errlen, "%s is not a regular file\n  hint: give the .bin written by export_weights.py", path);
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    if (size < HEADER_SIZE) {
+        close(fd);
+        return fail(err, errlen, "%s is too small to be a zaya.c model (%llu bytes)\n  expected: at least %d bytes\n  hint: the file is empty or truncated; re-export it with export_weights.py",
+                    path, (unsigned long long)size, HEADER_SIZE);
+    }
+    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return fail(err, errlen, "cannot mmap %s: %s", path, strerror(errno));
+    m->map = map;
+    m->map_size = (size_t)size;
+    const unsigned char *h = map;
+
+    if (memcmp(h, "ZAYABLOB", 8) != 0) {
+        zaya_free(m);
+        return fail(err, errlen, "%s is not a zaya.c model\n  expected: magic \"ZAYABLOB\"\n  found:    \"%.8s\"\n  hint: a Hugging Face checkpoint folder must first be exported: python3 export_weights.py CKPT_DIR OUT.bin",
+                    path, (const char *)h);
+    }
+    uint32_t version = rd_u32(h + 8);
+    if (version != ZAYA_FORMAT_VERSION) {
+        zaya_free(m);
+        return fail(err, errlen, "%s has blob format version %u\n  expected: %d (this zaya.c)\n  %s", path, version, ZAYA_FORMAT_VERSION, HINT_REEXPORT);
+    }
+    uint64_t file_size = rd_u64(h + 16), dir_off = rd_u64(h + 24), data_off = rd_u64(h + 48),
+             tok_off = rd_u64(h + 56), tok_size = rd_u64(h + 64);
+    uint32_t n_tensors = rd_u32(h + 32), wformat = rd_u32(h + 36), group = rd_u32(h + 40), layout = rd_u32(h + 44);
+    int rc = -1;
+    if (file_size != size) {
+        fail(err, errlen, "%s is %s\n  expected: %llu bytes (from its header)\n  found:    %llu bytes\n  hint: the file is truncated or was changed; re-export it with export_weights.py",
+             path, size < file_size ? "truncated" : "longer than its header says", (unsigned long long)file_size, (unsigned long long)size);
+    } else if (dir_off != HEADER_SIZE || n_tensors == 0 || n_tensors > 100000 ||
+               data_off < HEADER_SIZE + (uint64_t)n_tensors * DIR_ENTRY_SIZE || data_off > size || data_off % 4096 ||
+               tok_off < data_off || tok_off > size || tok_size > size - tok_off) {
+        fail(err, errlen, "%s: header offsets are inconsistent (directory %llu, %u tensors, data %llu, tokenizer %llu+%llu, file %llu)\n  %s",
+             path, (unsigned long long)dir_off, n_tensors, (unsigned long long)data_off, (unsigned long long)tok_off,
+             (unsigned long long)tok_size, (unsigned long long)size, HINT_REEXPORT);
+    } else if (wformat > ZAYA_Q8 || layout > 1 || (wformat == ZAYA_Q8 ? (group < 1 || group > 4096) : group != 0)) {
+        fail(err, errlen, "%s: header weight format %u, group size %u, layout %u are out of range\n  expected: format 0..2, group size 1..4096 for int8 else 0, layout 0..1\n  %s",
+             path, wformat, group, layout, HINT_REEXPORT);
+    } else {
+        /* header CRC covers the header (with its CRC field zeroed) and the directory */
+        uint32_t want = rd_u32(h + 12), zero = 0;
+        uint32_t crc = crc32_update(0, h, 12);
+        crc = crc32_update(crc, (const unsigned char *)&zero, 4);
+        crc = crc32_update(crc, h + 16, HEADER_SIZE - 16 + (size_t)n_tensors * DIR_ENTRY_SIZE);
+        if (crc != want)
+            fail(err, errlen, "%s: header checksum mismatch\n  expected: %08x\n  found:    %08x\n  hint: the file is corrupt; re-export it with export_weights.py", path, want, crc);
+        else
+            rc = read_config(&m->config, h, path, err, errlen);
+    }
+    if (rc != 0) { zaya_free(m); return -1; }
+    m->weight_format = (int)wformat;
+    m->group_size = (int)group;
+    m->source_layout = (int)layout;
+    memcpy(m->provenance, h + 512, sizeof m->provenance - 1);
+
+    Loader ld = {path, h, calloc(n_tensors, sizeof(DirEntry)), (int)n_tensors, (int)group, err, errlen};
+    if (!ld.dir) { zaya_free(m); return fail(err, errlen, "out of memory"); }
+    rc = read_directory(&ld, h, data_off, tok_off);
+    if (rc == 0) rc = bind_tensors(m, &ld);
+    if (rc == 0 && verify_crc) {
+        for (int i = 0; i < ld.n && rc == 0; i++)
+            if (crc32_update(0, h + ld.dir[i].offset, ld.dir[i].nbytes) != ld.dir[i].crc)
+                rc = fail(err, errlen, "%s: tensor %s fails its CRC-32 check\n  hint: the file is corrupt; re-export it with export_weights.py", path, ld.dir[i].name);
+    }
+    free(ld.dir);
+    if (rc == 0 && tok_size > 0) {
+        m->tokenizer = calloc(1, sizeof(ZayaTokenizer));
+        char terr[512];
+        if (!m->tokenizer) rc = fail(err, errlen, "out of memory");
+        else if (zaya_tok_load(m->tokenizer, h + tok_off, (size_t)tok_size, terr, sizeof terr) != 0) {
+            free(m->tokenizer);
+            m->tokenizer = NULL;
+            rc = fail(err, errlen, "%s: tokenizer section: %s", path, terr);
+        }
+    }
+    if (rc != 0) { zaya_free(m); return -1; }
+    return 0;
+}
+
+void zaya_free(ZayaModel *m) {
+    if (m->tokenizer) { zaya_tok_free(m->tokenizer); free(m->tokenizer); }
+    free(m->layers);
+    if (m->map) munmap(m->map, m->map_size);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 4. Decoding state (arch §4)
+ * ------------------------------------------------------------------------------------------- */
+
+static int conv_state_len(const ZayaConfig *c) { return (c->cca_time0 - 1) + (c->cca_time1 - 1); }
+
+int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t errlen) {
+    const ZayaConfig *c = &m->config;
+    memset(s, 0, sizeof *s);
+    if (ctx < 1 || ctx > c->max_position)
+        return fail(err, errlen, "context length %d is out of range\n  expected: 1..%d (max_position_embeddings)", ctx, c->max_position);
+    const size_t H = (size_t)c->hidden_size, d = (size_t)c->head_dim, nq = (size_t)c->num_heads,
+                 nkv = (size_t)c->num_kv_heads, C = (nq + nkv) * d, E = (size_t)c->num_experts,
+                 I = (size_t)c->moe_intermediate, R = (size_t)c->router_hidden, K = (size_t)conv_state_len(c);
+    s->ctx = ctx;
+    s->num_layers = c->num_layers;
+    s->layers = calloc((size_t)c->num_layers, sizeof(ZayaLayerState));
+    int ok = s->layers != NULL;
+    for (int i = 0; ok && i < c->num_layers; i++) {
+        ZayaLayerState *ls = &s->layers[i];
+        ls->cache_len = c->layer_types[i] == ZAYA_HYBRID_SLIDING && c->sliding_window < ctx ? c->sliding_window : ctx;
+        ls->key_cache = calloc((size_t)ls->cache_len * nkv * d, sizeof(float));
+        ls->value_cache = calloc((size_t)ls->cache_len * nkv * d, sizeof(float));
+        ls->conv_state = calloc(K * C + 1, sizeof(float));
+        ls->delayed_value = calloc(nkv * d / 2, sizeof(float));
+        ok = ls->key_cache && ls->value_cache && ls->conv_state && ls->delayed_value;
+    }
+    float **bufs[] = {&s->x, &s->h, &s->q_tilde, &s->conv_a, &s->conv_z, &s->q_res, &s->k_res, &s->q, &s->k, &s->v,
+                      &s->vd, &s->att, &s->attn_out, &s->branch, &s->router_state, &s->router_tmp,
+                      &s->router_logits, &s->router_probs, &s->router_scores, &s->expert_hidden, &s->logits,
+                      &s->rope_cos, &s->rope_sin};
+    size_t sizes[] = {H, H, C, (size_t)c->cca_time1 * C, C, nq * d, nkv * d, nq * d, nkv * d, nkv * d,
+                      nkv * d / 2, (size_t)ctx, nq * d, H, R, 2 * R, E + 1, E + 1, E + 1, 2 * I,
+                      (size_t)c->vocab_size, d, d};
+    for (size_t k = 0; ok && k < sizeof sizes / sizeof sizes[0]; k++) ok = (*bufs[k] = calloc(sizes[k], sizeof(float))) != NULL;
+    if (!ok) {
+        zaya_state_free(s);
+        return fail(err, errlen, "out of memory allocating the state for %d positions\n  hint: use a smaller --ctx", ctx);
+    }
+    s->k_tilde = s->q_tilde + nq * d;   /* u = [q_tilde ; k_tilde] is one contiguous vector */
+    zaya_state_reset(s, m);
+    return 0;
+}
+
+void zaya_state_reset(ZayaState *s, const ZayaModel *m) {
+    const ZayaConfig *c = &m->config;
+    size_t d = (size_t)c->head_dim, nkv = (size_t)c->num_kv_heads, C = (size_t)(c->num_heads + c->num_kv_heads) * d;
+    for (int i = 0; i < c->num_layers; i++) {
+        ZayaLayerState *ls = &s->layers[i];
+        memset(ls->key_cache, 0, (size_t)ls->cache_len * nkv * d * sizeof(float));
+        memset(ls->value_cache, 0, (size_t)ls->cache_len * nkv * d * sizeof(float));
+        memset(ls->conv_state, 0, (size_t)conv_state_len(c) * C * sizeof(float));
+        /* the delayed value of position -1 is v_proj_delayed(0) = 0 (no bias) */
+        memset(ls->delayed_value, 0, nkv * d / 2 * sizeof(float));
+    }
+    s->pos = 0;
+}
+
+void zaya_state_free(ZayaState *s) {
+    if (s->layers) {
+        for (int i = 0; i < s->num_layers; i++) {
+            free(s->layers[i].key_cache);
+            free(s->layers[i].value_cache);
+            free(s->layers[i].conv_state);
+            free(s->layers[i].delayed_value);
+        }
+    }
+    free(s->layers);
+    float *bufs[] = {s->x, s->h, s->q_tilde, s->conv_a, s->conv_z, s->q_res, s->k_res, s->q, s->k, s->v, s->vd,
+                     s->att, s->attn_out, s->branch, s->router_state, s->router_tmp, s->router_logits,
+                     s->router_probs, s->router_scores, s->expert_hidden, s->logits, s->rope_cos, s->rope_sin};
+    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) free(bufs[k]);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 5. Forward: one token at position s->pos (arch §3, HF ZayaDecoderLayer.forward per layer)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Reports an intermediate tensor to the tap callback, if any (--dump, --trace). */
+static void tap2(ZayaState *s, int layer, const char *name, const float *data, int d0, int d1) {
+    if (!s->tap) return;
+    ZayaTap t = {name, layer, 0, d1 ? 2 : 1, {d0, d1}, data};
+    s->tap(s->tap_ctx, &t);
+}
+#define TAP(layer, name, data, n) tap2(s, layer, name, data, n, 0)
+
+/* 3.3-3.5: CCA. q_tilde, k_tilde -> two causal convolutions over [u_{t-K} .. u_t] -> q, k. */
+static void cca_qk(const ZayaConfig *c, const ZayaLayer *L, ZayaLayerState *ls, ZayaState *s, int layer) {
+    const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, g = nq / nkv, C = (nq + nkv) * d;
+    const int t0 = c->cca_time0, t1 = c->cca_time1, K = conv_state_len(c);
+    const float *u_t = s->q_tilde;                        /* u_t = [q_tilde ; k_tilde], C channels */
+    /* window[j] = u_{t-K+j}: the K raw columns from the conv state, then u_t */
+#define WINDOW(j) ((j) < K ? ls->conv_state + (size_t)(j) * C : u_t)
+
+    /* depthwise conv (conv_qk_depthwise, kernel t0): a_s for s = t-t1+1 .. t (a_s at row k = s-t+t1-1).
+     * a_s[c] = b0[c] + sum_m w0[c,0,m] * u_{s-t0+1+m}[c]; zero-padded u gives a_{<0} = b0, not 0. */
+    for (int k = 0; k < t1; k++) {
+        float *a = s->conv_a + (size_t)k * C;
+        for (int ch = 0; ch < C; ch++) {
+            float sum = L->conv_qk_depthwise_bias[ch];
+            for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * WINDOW(k + m)[ch];
+            a[ch] = sum;
+        }
+    }
+#undef WINDOW
+    TAP(layer, "self_attn.qkv_proj.conv_qk_depthwise", s->conv_a + (size_t)(t1 - 1) * C, C);
+
+    /* grouped conv (conv_qk_grouped, kernel t1, one group of d channels per head):
+     * z_t[o] = b1[o] + sum_k sum_j w1[o,j,k] * a_{t-t1+1+k}[head(o)*d + j] */
+    for (int o = 0; o < C; o++) {
+        const int head = o / d;
+        float sum = L->conv_qk_grouped_bias[o];
+        for (int k = 0; k < t1; k++) {
+            const float *a = s->conv_a + (size_t)k * C + (size_t)head * d;
+            const float *w = L->conv_qk_grouped_weight + (size_t)o * d * t1 + k;
+            for (int j = 0; j < d; j++) sum += w[(size_t)j * t1] * a[j];
+        }
+        s->conv_z[o] = sum;
+    }
+    TAP(layer, "self_attn.qkv_proj.conv_qk_grouped", s->conv_z, C);
+
+    /* shift the conv state: drop u_{t-K}, append u_t (raw, pre-conv) */
+    if (K > 0) {
+        memmove(ls->conv_state, ls->conv_state + C, (size_t)(K - 1) * C * sizeof(float));
+        memcpy(ls->conv_state + (size_t)(K - 1) * C, u_t, (size_t)C * sizeof(float));
+    }
+
+    /* residual mix: q_res[n] = (q_tilde[n] + k_tilde[n/g]) * 0.5; k_res[j] = mean of q_res over its g heads */
+    for (int n = 0; n < nq; n++)
+        for (int i = 0; i < d; i++)
+            s->q_res[n * d + i] = (s->q_tilde[n * d + i] + s->k_tilde[(n / g) * d + i]) * 0.5f;
+    for (int j = 0; j < nkv; j++)
+        for (int i = 0; i < d; i++) {
+            float sum = 0.0f;
+            for (int r = 0; r < g; r++) sum += s->q_res[(j * g + r) * d + i];
+            s->k_res[j * d + i] = sum / (float)g;
+        }
+    tap2(s, layer, "self_attn.qkv_proj:query_residual", s->q_res, nq, d);
+    tap2(s, layer, "self_attn.qkv_proj:key_residual", s->k_res, nkv, d);
+
+    for (int i = 0; i < nq * d; i++) s->q[i] = s->conv_z[i] + s->q_res[i];
+    for (int i = 0; i < nkv * d; i++) s->k[i] = s->conv_z[nq * d + i] + s->k_res[i];
+    tap2(s, layer, "self_attn.qkv_proj:query", s->q, nq, d);
+    tap2(s, layer, "self_attn.qkv_proj:key", s->k, nkv, d);
+}
+
+/* 3.7: L2-normalize each head to norm sqrt(d) (clamped at FLT_EPSILON); keys also times temp[j]
+ * (HF ZayaQKNorm.forward). */
+static void qk_norm(float *x, int heads, int d, const float *temp) {
+    const float sqrt_d = sqrtf((float)d);
+    for (int n = 0; n < heads; n++) {
+        float *v = x + (size_t)n * d, ss = 0.0f;
+        for (int i = 0; i < d; i++) ss += v[i] * v[i];
+        float norm = fmaxf(sqrtf(ss), FLT_EPSILON);
+        float scale = sqrt_d / norm;
+        for (int i = 0; i < d; i++) v[i] = v[i] * scale * (temp ? temp[n] : 1.0f);
+    }
+}
+
+/* 3.8: partial NeoX RoPE on dims [0, rot) of every head, pairs (j, j + rot/2). */
+static void rope_tables(float *cos_t, float *sin_t, int pos, int rot, float theta) {
+    for (int j = 0; j < rot / 2; j++) {
+        float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)rot);
+        float angle = (float)pos * inv_freq;
+        cos_t[j] = cosf(angle);
+        sin_t[j] = sinf(angle);
+    }
+}
+
+static void rope(float *x, int heads, int d, int rot, const float *cos_t, const float *sin_t) {
+    const int half = rot / 2;
+    for (int n = 0; n < heads; n++) {
+        float *v = x + (size_t)n * d;
+        for (int j = 0; j < half; j++) {
+            float a = v[j], b = v[j + half];
+            v[j] = a * cos_t[j] - b * sin_t[j];
+            v[j + half] = b * cos_t[j] + a * sin_t[j];
+        }
+    }
+}
+
+/* 3.9: causal attention over the KV cache; query head n uses KV head n / g. Sliding layers see
+ * the last `sliding_window` positions including the current one. */
+static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *s, int layer, int pos) {
+    const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, g = nq / nkv;
+    const int first = c->layer_types[layer] == ZAYA_HYBRID_SLIDING && pos - c->sliding_window + 1 > 0
+                          ? pos - c->sliding_window + 1 : 0;
+    const float scale = 1.0f / sqrtf((float)d);    /* HF: scaling = head_dim ** -0.5 */
+    for (int n = 0; n < nq; n++) {
+        const float *q = s->q + (size_t)n * d;
+        const int kvh = n / g;
+        for (int t = first; t <= pos; t++) {
+            const float *k = ls->key_cache + ((size_t)(t % ls->cache_len) * nkv + kvh) * d;
+            float dot = 0.0f;
+            for (int i = 0; i < d; i++) dot += q[i] * k[i];
+            s->att[t - first] = dot * scale;
+        }
+        softmax(s->att, pos - first + 1);
+        float *o = s->attn_out + (size_t)n * d;
+        memset(o, 0, (size_t)d * sizeof(float));
+        for (int t = first; t <= pos; t++) {
+            const float *v = ls->value_cache + ((size_t)(t % ls->cache_len) * nkv + kvh) * d;
+            const float p = s->att[t - first];
+            for (int i = 0; i < d; i++) o[i] += p * v[i];
+        }
+    }
+}
+
+/* 3.2-3.11: the attention half of layer `layer`; updates the residual stream s->x. */
+static void attention_block(const ZayaModel *m, ZayaState *s, int layer) {
+    const ZayaConfig *c = &m->config;
+    const ZayaLayer *L = &m->layers[layer];
+    ZayaLayerState *ls = &s->layers[layer];
+    const int H = c->hidden_size, d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, pos = s->pos;
+    const int type = c->layer_types[layer], rot = c->rope_dim[type];
+
+    rmsnorm(s->h, s->x, L->input_layernorm, H, c->rms_norm_eps);               /* input_layernorm */
+    TAP(layer, "input_layernorm", s->h, H);
+
+    zaya_matvec(s->q_tilde, &L->q_proj, s->h);                                  /* qkv_proj.q_proj */
+    zaya_matvec(s->k_tilde, &L->k_proj, s->h);                                  /* qkv_proj.k_proj */
+    TAP(layer, "self_attn.qkv_proj.q_proj", s->q_tilde, nq * d);
+    TAP(layer, "self_attn.qkv_proj.k_proj", s->k_tilde, nkv * d);
+    cca_qk(c, L, ls, s, layer);                                                  /* convs + residual mix */
+
+    /* 3.6 values: KV heads [0, nkv/2) = v_proj_current(h_t), [nkv/2, nkv) = v_proj_delayed(h_{t-1}) */
+    const int vhalf = nkv * d / 2;
+    zaya_matvec(s->v, &L->v_proj_current, s->h);
+    zaya_matvec(s->vd, &L->v_proj_delayed, s->h);
+    TAP(layer, "self_attn.qkv_proj.v_proj_current", s->v, vhalf);
+    TAP(layer, "self_attn.qkv_proj.v_proj_delayed", s->vd, vhalf);
+    memcpy(s->v + vhalf, ls->delayed_value, (size_t)vhalf * sizeof(float));
+    memcpy(ls->delayed_value, s->vd, (size_t)vhalf * sizeof(float));
+    tap2(s, layer, "self_attn.qkv_proj:value", s->v, nkv, d);
+
+    qk_norm(s->q, nq, d, NULL);                                                 /* qk_norm */
+    qk_norm(s->k, nkv, d, L->qk_norm_temp);
+    tap2(s, layer, "self_attn.qk_norm:query", s->q, nq, d);
+    tap2(s, layer, "self_attn.qk_norm:key", s->k, nkv, d);
+
+    rope_tables(s->rope_cos, s->rope_sin, pos, rot, c->rope_theta[type]);      /* rotary_emb */
+    rope(s->q, nq, d, rot, s->rope_cos, s->rope_sin);
+    rope(s->k, nkv, d, rot, s->rope_cos, s->rope_sin);
+    tap2(s, layer, "self_attn:query_after_rope", s->q, nq, d);
+    tap2(s, layer, "self_attn:key_after_rope", s->k, nkv, d);
+
+    const size_t row = (size_t)(pos % ls->cache_len) * nkv * d;                /* append to the KV cache */
+    memcpy(ls->key_cache + row, s->k, (size_t)nkv * d * sizeof(float));
+    memcpy(ls->value_cache + row, s->v, (size_t)nkv * d * sizeof(float));
+    attention(c, ls, s, layer, pos);
+    TAP(layer, "self_attn:attn_output", s->attn_out, nq * d);
+
+    zaya_matvec(s->branch, &L->o_proj, s->attn_out);                           /* o_proj */
+    TAP(layer, "self_attn.o_proj", s->branch, H);
+    residual_scale(s->x, s->branch, &L->post_attention_residual_scale, H);     /* post_attention_residual_scale */
+    TAP(layer, "post_attention_residual_scale", s->x, H);
+}
+
+/* 3.12-3.15: the MoE half: router (with the EDA state flowing from the previous layer), one expert
+ * or the skip class, residual merge. */
+static void moe_block(const ZayaModel *m, ZayaState *s, int layer) {
+    const ZayaConfig *c = &m->config;
+    const ZayaLayer *L = &m->layers[layer];
+    const int H = c->hidden_size, R = c->router_hidden, E = c->num_experts, I = c->moe_intermediate;
+
+    rmsnorm(s->h, s->x, L->post_attention_layernorm, H, c->rms_norm_eps);      /* post_attention_layernorm */
+    TAP(layer, "post_attention_layernorm", s->h, H);
+
+    /* router: rho = down_proj h2 + b; EDA from layer 1 on: rho += rho_prev * router_states_scale */
+    float *rho = s->router_state, *tmp = s->router_tmp, *tmp2 = s->router_tmp + R;
+    zaya_matvec(tmp, &L->router_down_proj, s->h);
+    add_bias(tmp, L->router_down_proj_bias, R);
+    TAP(layer, "mlp.gate.down_proj", tmp, R);
+    for (int i = 0; i < R; i++) rho[i] = L->router_states_scale ? tmp[i] + rho[i] * L->router_states_scale[i] : tmp[i];
+    TAP(layer, "mlp.gate:router_state", rho, R);             /* handed on to layer + 1 */
+    rmsnorm(tmp, rho, L->router_norm, R, c->rms_norm_eps);                       /* router_mlp.norm */
+    TAP(layer, "mlp.gate.router_mlp.norm", tmp, R);
+    zaya_matvec(tmp2, &L->router_fc1, tmp);                                      /* router_mlp.fc1 + GELU */
+    add_bias(tmp2, L->router_fc1_bias, R);
+    TAP(layer, "mlp.gate.router_mlp.fc1", tmp2, R);
+    for (int i = 0; i < R; i++) tmp2[i] = gelu(tmp2[i]);
+    zaya_matvec(tmp, &L->router_fc2, tmp2);                                      /* router_mlp.fc2 + GELU */
+    add_bias(tmp, L->router_fc2_bias, R);
+    TAP(layer, "mlp.gate.router_mlp.fc2", tmp, R);
+    for (int i = 0; i < R; i++) tmp[i] = gelu(tmp[i]);
+    zaya_matvec(s->router_logits, &L->router_out_proj, tmp);                     /* router_mlp.out_proj */
+    TAP(layer, "mlp.gate.router_mlp", s->router_logits, E + 1);
+    memcpy(s->router_probs, s->router_logits, (size_t)(E + 1) * sizeof(float));
+    softmax(s->router_probs, E + 1);                                             /* over all E+1 classes */
+    TAP(layer, "mlp.gate:router_probs", s->router_probs, E + 1);
+
+    /* top-1 on the biased scores (ties: lowest index); the weight is the unbiased probability */
+    int best = 0;
+    for (int e = 0; e <= E; e++) {
+        s->router_scores[e] = s->router_probs[e] + L->balancing_biases[e];
+        if (s->router_scores[e] > s->router_scores[best]) best = e;
+    }
+    TAP(layer, "mlp.gate:router_scores", s->router_scores, E + 1);
+    if (s->tap) {
+        ZayaTap t = {"mlp.gate.router_indices", layer, 1, 0, {0, 0}, &best};
+        s->tap(s->tap_ctx, &t);
+    }
+    float weight = s->router_probs[best];
+
+    if (best < E) {                                                              /* experts (SwiGLU) */
+        ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, best * 2 * I, 2 * I);
+        ZayaMatrix down = matrix_rows(&L->experts_down, best * H, H);
+        zaya_matvec(s->expert_hidden, &gate_up, s->h);
+        float *gate = s->expert_hidden, *up = s->expert_hidden + I;
+        for (int i = 0; i < I; i++) gate[i] = silu(gate[i]) * up[i];
+        zaya_matvec(s->branch, &down, gate);
+        for (int i = 0; i < H; i++) s->branch[i] *= weight;
+    } else if (s->skip_expert == ZAYA_SKIP_PASSTHROUGH) {                      /* Zyphra fork: P[skip] * h2 */
+        for (int i = 0; i < H; i++) s->branch[i] = weight * s->h[i];
+    } else {                                                                     /* upstream: zero output */
+        weight = 0.0f;
+        memset(s->branch, 0, (size_t)H * sizeof(float));
+    }
+    tap2(s, layer, "mlp.gate:router_weight", &weight, 1, 0);
+    TAP(layer, "mlp.experts", s->branch, H);
+    residual_scale(s->x, s->branch, &L->post_mlp_residual_scale, H);           /* post_mlp_residual_scale */
+    TAP(layer, "post_mlp_residual_scale", s->x, H);
+}
+
+int zaya_forward(const ZayaModel *m, ZayaState *s, int token, char *err, size_t errlen) {
+    const ZayaConfig *c = &m->config;
+    const int H = c->hidden_size;
+    if (token < 0 || token >= c->vocab_size)
+        return fail(err, errlen, "token id %d is outside the vocabulary\n  expected: 0..%d", token, c->vocab_size - 1);
+    if (s->pos >= s->ctx)
+        return fail(err, errlen, "context is full: %d positions used of %d\n  hint: start a new conversation or raise --ctx (max %d)",
+                    s->pos, s->ctx, c->max_position);
+
+    /* 3.1 embedding and input scaling: r = (e + bias) * scale (no sqrt(H) factor) */
+    matrix_row(&m->embed_tokens, token, s->h);
+    TAP(-1, "model.embed_tokens", s->h, H);
+    for (int i = 0; i < H; i++) s->x[i] = (s->h[i] + m->input_hidden_states_bias[i]) * m->input_hidden_states_scale[i];
+    TAP(-1, "model:input_scaled", s->x, H);
+
+    for (int layer = 0; layer < c->num_layers; layer++) {
+        attention_block(m, s, layer);
+        moe_block(m, s, layer);
+    }
+
+    /* 3.16 final norm and the tied LM head over all vocab_size rows */
+    rmsnorm(s->h, s->x, m->norm, H, c->rms_norm_eps);
+    TAP(-1, "model.norm", s->h, H);
+    zaya_matvec(s->logits, &m->embed_tokens, s->h);
+    TAP(-1, "logits", s->logits, c->vocab_size);
+    s->pos++;
+    return 0;
+}
+
+void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void *ctx) {
+    const ZayaConfig *c = &m->config;
+    const int d = c->head_dim, nkv = c->num_kv_heads, C = (c->num_heads + nkv) * d, K = conv_state_len(c);
+    for (int i = 0; i < c->num_layers; i++) {
+        const ZayaLayerState *ls = &s->layers[i];
+        ZayaTap conv = {"self_attn.qkv_proj:conv_state", i, 0, 2, {K, C}, ls->conv_state};
+        ZayaTap dv = {"self_attn.qkv_proj:delayed_value_state", i, 0, 1, {nkv * d / 2, 0}, ls->delayed_value};
+        if (K > 0) fn(ctx, &conv);
+        fn(ctx, &dv);
+        /* the KV cache in position order (a sliding layer's ring buffer is unrolled) */
+        int n = s->pos < ls->cache_len ? s->pos : ls->cache_len;
+        float *kc = malloc(sizeof(float) * ((size_t)n * nkv * d + 1)), *vc = malloc(sizeof(float) * ((size_t)n * nkv * d + 1));
+        if (kc && vc) {
+            for (int r = 0; r < n; r++) {
+                int p = s->pos - n + r;
+                memcpy(kc + (size_t)r * nkv * d, ls->key_cache + (size_t)(p % ls->cache_len) * nkv * d, sizeof(float) * (size_t)nkv * d);
+                memcpy(vc + (size_t)r * nkv * d, ls->value_cache + (size_t)(p % ls->cache_len) * nkv * d, sizeof(float) * (size_t)nkv * d);
+            }
+            ZayaTap kt = {"self_attn:key_cache", i, 0, 2, {n, nkv * d}, kc};
+            ZayaTap vt = {"self_attn:value_cache", i, 0, 2, {n, nkv * d}, vc};
+            fn(ctx, &kt);
+            fn(ctx, &vt);
+        }
+        free(kc);
+        free(vc);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 6. Command line: sampling, dumps, generation (not compiled into the test/fuzz libraries)
+ * ------------------------------------------------------------------------------------------- */
+#ifndef ZAYA_NO_MAIN
+#include <regex.h>
+#include <time.h>
+
+#ifndef ZAYA_VERSION
+#define ZAYA_VERSION "1.0"
+#endif
+#ifndef ZAYA_COMMIT
+#define ZAYA_COMMIT "unknown"
+#endif
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Prints "zaya: error: ..." and exits with status 1: only main() and its helpers end the program. */
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("zaya: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+/* ---- sampling (llama2.c style: xorshift RNG, temperature, top-p) ---- */
+
+static uint32_t random_u32(uint64_t *state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+static float random_f32(uint64_t *state) { return (random_u32(state) >> 8) / 16777216.0f; }
+
+typedef struct { float p; int id; } ProbIndex;
+static int cmp_prob_desc(const void *a, const void *b) {
+    const ProbIndex *x = a, *y = b;
+    return x->p < y->p ? 1 : x->p > y->p ? -1 : (x->id > y->id) - (x->id < y->id);
+}
+
+/* Picks the next token from logits[0..n): n is the tokenizer's size, so ids the tokenizer cannot
+ * print (embedding padding rows) are never chosen. temperature 0 = greedy (ties: lowest id). */
+static int sample(float *logits, int n, float temperature, float topp, uint64_t *rng, ProbIndex *scratch) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (logits[i] > logits[best]) best = i;
+    if (temperature == 0.0f) return best;
+    for (int i = 0; i < n; i++) logits[i] /= temperature;
+    softmax(logits, n);
+    float r = random_f32(rng);
+    if (topp <= 0.0f || topp >= 1.0f) {
+        float cdf = 0.0f;
+        for (int i = 0; i < n; i++) { cdf += logits[i]; if (r < cdf) return i; }
+        return n - 1;
+    }
+    /* top-p: the smallest set of most likely tokens whose probability reaches topp */
+    int m = 0;
+    const float cutoff = (1.0f - topp) / (float)(n - 1);   /* tokens below this can never be in the set */
+    for (int i = 0; i < n; i++) if (logits[i] >= cutoff) scratch[m++] = (ProbIndex){logits[i], i};
+    qsort(scratch, (size_t)m, sizeof *scratch, cmp_prob_desc);
+    float cum = 0.0f;
+    int last = m - 1;
+    for (int i = 0; i < m; i++) { cum += scratch[i].p; if (cum > topp) { last = i; break; } }
+    r *= cum;
+    float cdf = 0.0f;
+    for (int i = 0; i <= last; i++) { cdf += scratch[i].p; if (r < cdf) return scratch[i].id; }
+    return scratch[last].id;
+}
+
+/* ---- --dump DIR: every tap, token-major, one .npy each, plus index.json (docs/compare.md) ---- */
+
+typedef struct {
+    char name[160];
+    int is_int, ndim, shape[2];
+    size_t row;          /* values per position */
+    size_t rows, cap;    /* positions stored, capacity */
+    unsigned char *data;
+    int state;           /* 1 = a state tensor written once after the run (full shape in `shape`) */
+} DumpTensor;
+
+typedef struct {
+    DumpTensor *t;
+    int n, cap, cursor;
+    regex_t filter;
+    int has_filter;
+    int list_only;       /* --list-taps: collect names and shapes of one position */
+} Dump;
+
+static void full_name(char *out, size_t n, const ZayaTap *tap) {
+    if (tap->layer < 0) snprintf(out, n, "%s", tap->name);
+    else snprintf(out, n, "model.layers.%d.%s", tap->layer, tap->name);
+}
+
+static void dump_tap(void *ctx, const ZayaTap *tap) {
+    Dump *d = ctx;
+    char name[160];
+    full_name(name, sizeof name, tap);
+    /* taps arrive in the same order at every position: try the next expected entry first */
+    int idx = -1;
+    if (d->n && strcmp(d->t[d->cursor % d->n].name, name) == 0) idx = d->cursor % d->n;
+    for (int i = 0; idx < 0 && i < d->n; i++) if (strcmp(d->t[i].name, name) == 0) idx = i;
+    if (idx < 0) {
+        if (d->has_filter && regexec(&d->filter, name, 0, NULL, 0) != 0) return;
+        if (d->n == d->cap) {
+            d->cap = d->cap ? 2 * d->cap : 256;
+            d->t = realloc(d->t, sizeof(DumpTensor) * (size_t)d->cap);
+            if (!d->t) die("out of memory in --dump");
+        }
+        DumpTensor *t = &d->t[d->n];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, "%s", name);
+        t->is_int = tap->is_int;
+        t->ndim = tap->ndim;
+        t->shape[0] = tap->shape[0];
+        t->shape[1] = tap->shape[1];
+        t->row = tap->ndim == 0 ? 1 : tap->ndim == 1 ? (size_t)tap->shape[0] : (size_t)tap->shape[0] * tap->shape[1];
+        idx = d->n++;
+    }
+    d->cursor = idx + 1;
+    DumpTensor *t = &d->t[idx];
+    if (d->list_only) return;
+    if (t->rows == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 16;
+        t->data = realloc(t->data, t->cap * t->row * 4);
+        if (!t->data) die("out of memory in --dump (tensor %s)", t->name);
+    }
+    memcpy(t->data + t->rows * t->row * 4, tap->data, t->row * 4);
+    t->rows++;
+}
+
+static void dump_state_tap(void *ctx, const ZayaTap *tap) {
+    Dump *d = ctx;
+    int before = d->n;
+    dump_tap(ctx, tap);
+    if (d->n > before) d->t[d->n - 1].state = 1;
+}
+
+/* NumPy format 1.0: magic, version, header length, a dict padded with spaces to 64 bytes. */
+static int write_npy(const char *path, const DumpTensor *t) {
+    char shape[96];
+    if (t->state) {
+        if (t->ndim == 2) snprintf(shape, sizeof shape, "(%d, %d)", t->shape[0], t->shape[1]);
+        else snprintf(shape, sizeof shape, "(%d,)", t->shape[0]);
+    } else if (t->ndim == 0) snprintf(shape, sizeof shape, "(%zu,)", t->rows);
+    else if (t->ndim == 1) snprintf(shape, sizeof shape, "(%zu, %d)", t->rows, t->shape[0]);
+    else snprintf(shape, sizeof shape, "(%zu, %d, %d)", t->rows, t->shape[0], t->shape[1]);
+    char header[256];
+    int len = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
+                       t->is_int ? "<i4" : "<f4", shape);
+    int total = (10 + len + 1 + 63) / 64 * 64;
+    while (10 + len + 1 < total) header[len++] = ' ';
+    header[len++] = '\n';
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(len & 0xFF), (unsigned char)(len >> 8)};
+    size_t nbytes = (t->state ? 1 : t->rows) * t->row * 4;
+    int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(header, 1, (size_t)len, f) == (size_t)len &&
+             (nbytes == 0 || fwrite(t->data, 1, nbytes, f) == nbytes);
+    return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+static void json_number(FILE *f, double v) {
+    if (isfinite(v)) fprintf(f, "%.9g", v);
+    else fputs("null", f);
+}
+
+static void write_dump(const char *dir, Dump *d, const ZayaModel *m, const char *model_path, int skip_mode,
+                       const int *tokens, int n_tokens) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) die("cannot write %s: %s\n  hint: check that the folder is writable", path, strerror(errno));
+    const char *formats[] = {"fp32", "bf16", "int8"};
+    fprintf(f, "{\n  \"format_version\": 1,\n  \"producer\": {\"program\": \"zaya.c\", \"version\": \"%s\", \"commit\": \"%s\"},\n",
+            ZAYA_VERSION, ZAYA_COMMIT);
+    fprintf(f, "  \"model\": {\"path\": \"");
+    for (const char *p = model_path; *p; p++) {
+        if (*p == '"' || *p == '\\') fputc('\\', f);
+        if ((unsigned char)*p >= 0x20) fputc(*p, f);
+    }
+    fprintf(f, "\", \"source_layout\": \"%s\", \"provenance\": %s},\n", m->source_layout ? "legacy" : "native",
+            m->provenance[0] == '{' ? m->provenance : "null");
+    fprintf(f, "  \"weight_format\": {\"dtype\": \"%s\", \"group_size\": %d},\n", formats[m->weight_format], m->group_size);
+    fprintf(f, "  \"skip_expert\": \"%s\",\n  \"tokens\": [", skip_mode == ZAYA_SKIP_PASSTHROUGH ? "passthrough" : "zero");
+    for (int i = 0; i < n_tokens; i++) fprintf(f, "%s%d", i ? ", " : "", tokens[i]);
+    fprintf(f, "],\n  \"tensors\": [\n");
+    for (int i = 0; i < d->n; i++) {
+        DumpTensor *t = &d->t[i];
+        char file[200];
+        snprintf(file, sizeof file, "%s.npy", t->name);
+        for (char *p = file; *p; p++) if (*p == ':') *p = '~';
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        if (write_npy(path, t) != 0) die("cannot write %s: %s\n  hint: check the disk space and that the folder is writable", path, strerror(errno));
+        size_t n = (t->state ? 1 : t->rows) * t->row, nan = 0, inf = 0, fin = 0;
+        double mn = INFINITY, mx = -INFINITY, sum = 0, ss = 0;
+        for (size_t k = 0; k < n; k++) {
+            double v;
+            if (t->is_int) { int32_t iv; memcpy(&iv, t->data + 4 * k, 4); v = iv; }
+            else { float fv; memcpy(&fv, t->data + 4 * k, 4); v = fv; }
+            if (isnan(v)) { nan++; continue; }
+            if (isinf(v)) { inf++; continue; }
+            fin++;
+            mn = v < mn ? v : mn;
+            mx = v > mx ? v : mx;
+            sum += v;
+            ss += v * v;
+        }
+        fprintf(f, "    {\"name\": \"%s\", \"file\": \"%s\", \"shape\": [", t->name, file);
+        if (t->state) fprintf(f, t->ndim == 2 ? "%d, %d" : "%d", t->shape[0], t->shape[1]);
+        else if (t->ndim == 0) fprintf(f, "%zu", t->rows);
+        else if (t->ndim == 1) fprintf(f, "%zu, %d", t->rows, t->shape[0]);
+        else fprintf(f, "%zu, %d, %d", t->rows, t->shape[0], t->shape[1]);
+        fprintf(f, "], \"dtype\": \"%s\", \"order\": %d, \"stats\": {\"min\": ", t->is_int ? "int32" : "float32", i);
+        json_number(f, fin ? mn : NAN);
+        fputs(", \"max\": ", f);
+        json_number(f, fin ? mx : NAN);
+        fputs(", \"mean\": ", f);
+        json_number(f, fin ? sum / (double)fin : NAN);
+        fputs(", \"rms\": ", f);
+        json_number(f, fin ? sqrt(ss / (double)fin) : NAN);
+        fprintf(f, ", \"nan\": %zu, \"inf\": %zu}}%s\n", nan, inf, i + 1 < d->n ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+    if (fclose(f) != 0) die("cannot write %s/index.json: %s", dir, strerror(errno));
+}
+
+/* ---- arguments ---- */
+
+static void usage(FILE *f) {
+    fputs("usage: zaya MODEL.bin [options]\n"
+          "\n"
+          "Generate (default):\n"
+          "  -i TEXT            prompt text (encoded as <bos> + text, like the HF fixture prompts)\n"
+          "  --ids 2,818,...    prompt as token ids instead of text\n"
+          "  -n N               tokens to generate (default 256; 0 with --dump)\n"
+          "  -t T               temperature, 0 = greedy (default 1.0)\n"
+          "  -p P               top-p (default 0.9)\n"
+          "  -s SEED            random seed (default: time)\n"
+          "  --print-ids        print generated ids comma-separated instead of text\n"
+          "  -m generate|chat   mode (default generate)\n"
+          "  -y TEXT            system prompt for chat\n"
+          "  --no-think         chat: ask for an answer without a thinking block\n"
+          "Model options:\n"
+          "  --skip-expert zero|passthrough   skip-expert output: upstream zero (default) or Zyphra fork\n"
+          "  --ctx N            context length (default min(4096, max_position_embeddings))\n"
+          "  --threads N        OpenMP threads (results are identical for any number)\n"
+          "  --verify           check every tensor's CRC-32 at load\n"
+          "Inspection:\n"
+          "  --dump DIR         write every intermediate tensor (HF module paths) as .npy + index.json\n"
+          "  --dump-filter RE   only tensors whose name matches the POSIX extended regex RE\n"
+          "  --list-taps        print the names and shapes of all tensors --dump writes\n"
+          "  --trace POS        print every step of forward() at position POS (needs --ids or -i)\n"
+          "  --trace-layer N    limit --trace to layer N\n"
+          "Tokenizer:\n"
+          "  --encode           read UTF-8 text from stdin, print HF tokenizer(text) ids\n"
+          "  --decode IDS       print HF decode(ids, skip_special_tokens=False)\n"
+          "  -h, --help         this help\n", f);
+}
+
+/* Parses "2,818,3823" into a new array; every id must be a decimal number below `limit`. */
+static int *parse_ids(const char *s, int limit, int *n_out) {
+    int cap = 16, n = 0;
+    int *ids = malloc(sizeof(int) * (size_t)cap);
+    if (!ids) die("out of memory");
+    const char *p = s;
+    while (1) {
+        while (*p == ' ') p++;
+        if (*p < '0' || *p > '9')
+            die("malformed --ids at character %d: \"%s\"\n  expected: comma-separated decimal token ids, e.g. --ids 2,818,3823\n  found:    \"%.12s\"",
+                (int)(p - s) + 1, s, *p ? p : "(end of list)");
+        long v = 0;
+        const char *start = p;
+        while (*p >= '0' && *p <= '9') {
+            v = v * 10 + (*p++ - '0');
+            if (v > 2000000000L) break;
+        }
+        if (v >= limit)
+            die("token id %.*s in --ids is outside the vocabulary\n  expected: 0..%d", (int)(p - start), start, limit - 1);
+        if (n == cap) { cap *= 2; ids = realloc(ids, sizeof(int) * (size_t)cap); if (!ids) die("out of memory"); }
+        ids[n++] = (int)v;
+        while (*p == ' ') p++;
+        if (*p == 0) break;
+        if (*p != ',')
+            die("malformed --ids at character %d: \"%s\"\n  expected: ',' between ids\n  found:    '%c'", (int)(p - s) + 1, s, *p);
+        p++;
+    }
+    *n_out = n;
+    return ids;
+}
+
+static long parse_int(const char *flag, const char *v, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        die("bad value for %s: \"%s\"\n  expected: an integer in %ld..%ld", flag, v, lo, hi);
+    return x;
+}
+
+static float parse_float(const char *flag, const char *v, float lo, float hi) {
+    char *end;
+    errno = 0;
+    float x = strtof(v, &end);
+    if (errno || end == v || *end || !(x >= lo && x <= hi))
+        die("bad value for %s: \"%s\"\n  expected: a number in %g..%g", flag, v, (double)lo, (double)hi);
+    return x;
+}
+
+typedef struct {
+    const char *model_path, *prompt, *ids, *dump_dir, *dump_filter, *system_prompt, *decode_ids, *mode;
+    int steps, steps_given, print_ids, skip_expert, ctx, threads, verify, list_taps, encode, no_think;
+    int trace_pos, trace_layer;
+    float temperature, topp;
+    uint64_t seed;
+} Options;
+
+static Options parse_args(int argc, char **argv) {
+    Options o = {0};
+    o.steps = 256;
+    o.temperature = 1.0f;
+    o.topp = 0.9f;
+    o.seed = (uint64_t)time(NULL);
+    o.trace_pos = -1;
+    o.trace_layer = -1;
+    o.mode = "generate";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
+        int flag_only = !strcmp(a, "--print-ids") || !strcmp(a, "--verify") || !strcmp(a, "--list-taps") ||
+                        !strcmp(a, "--encode") || !strcmp(a, "--no-think");
+        if (a[0] != '-' || !a[1]) {
+            if (o.model_path) die("unexpected argument \"%s\"\n  hint: options start with '-'; see zaya -h", a);
+            o.model_path = a;
+            continue;
+        }
+        if (flag_only) {
+            if (!strcmp(a, "--print-ids")) o.print_ids = 1;
+            else if (!strcmp(a, "--verify")) o.verify = 1;
+            else if (!strcmp(a, "--list-taps")) o.list_taps = 1;
+            else if (!strcmp(a, "--encode")) o.encode = 1;
+            else o.no_think = 1;
+            continue;
+        }
+        static const char *with_value[] = {"-i", "--ids", "-n", "-t", "-p", "-s", "-m", "-y", "--skip-expert", "--ctx",
+                                           "--threads", "--dump", "--dump-filter", "--trace", "--trace-layer",
+                                           "--decode", NULL};
+        int known = 0;
+        for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
+        if (!known) die("unknown option \"%s\"\n  hint: see zaya -h for the list of options", a);
+        if (i + 1 >= argc) die("option %s needs a value\n  hint: see zaya -h", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "-i")) o.prompt = v;
+        else if (!strcmp(a, "--ids")) o.ids = v;
+        else if (!strcmp(a, "-n")) { o.steps = (int)parse_int(a, v, 0, 1 << 30); o.steps_given = 1; }
+        else if (!strcmp(a, "-t")) o.temperature = parse_float(a, v, 0.0f, 100.0f);
+        else if (!strcmp(a, "-p")) o.topp = parse_float(a, v, 0.0f, 1.0f);
+        else if (!strcmp(a, "-s")) o.seed = (uint64_t)parse_int(a, v, 0, 0x7fffffffffffffffL);
+        else if (!strcmp(a, "-m")) {
+            if (strcmp(v, "generate") && strcmp(v, "chat")) die("bad value for -m: \"%s\"\n  expected: generate or chat", v);
+            o.mode = v;
+        } else if (!strcmp(a, "-y")) o.system_prompt = v;
+        else if (!strcmp(a, "--skip-expert")) {
+            if (!strcmp(v, "zero")) o.skip_expert = ZAYA_SKIP_ZERO;
+            else if (!strcmp(v, "passthrough")) o.skip_expert = ZAYA_SKIP_PASSTHROUGH;
+            else die("bad value for --skip-expert: \"%s\"\n  expected: zero (upstream transformers/vLLM) or passthrough (Zyphra's fork)", v);
+        } else if (!strcmp(a, "--ctx")) o.ctx = (int)parse_int(a, v, 1, 1 << 30);
+        else if (!strcmp(a, "--threads")) o.threads = (int)parse_int(a, v, 1, 1024);
+        else if (!strcmp(a, "--dump")) o.dump_dir = v;
+        else if (!strcmp(a, "--dump-filter")) o.dump_filter = v;
+        else if (!strcmp(a, "--trace")) o.trace_pos = (int)parse_int(a, v, 0, 1 << 30);
+        else if (!strcmp(a, "--trace-layer")) o.trace_layer = (int)parse_int(a, v, 0, ZAYA_MAX_LAYERS - 1);
+        else if (!strcmp(a, "--decode")) o.decode_ids = v;
+    }
+    if (!o.model_path) { usage(stderr); die("no model file given\n  hint: zaya MODEL.bin -i \"prompt\" (export MODEL.bin with export_weights.py)"); }
+    if (o.prompt && o.ids) die("give the prompt either as -i TEXT or as --ids, not both");
+    if (o.dump_dir && !o.steps_given) o.steps = 0;
+    return o;
+}
+
+/* ---- running ---- */
+
+/* Runs `n` prompt tokens, then generates up to `steps` more (stops at an eos id). Generated ids
+ * are printed as ids or streamed as text. Returns the number of generated tokens. */
+typedef struct {
+    const ZayaModel *m;
+    ZayaState *s;
+    const Options *o;
+    uint64_t rng;
+    ProbIndex *scratch;
+    int sample_limit;          /* ids >= this are never sampled (not in the tokenizer) */
+    double prefill_s, decode_s;
+    int prefill_n, decode_n;
+} Runner;
+
+static void run_prompt(Runner *r, const int *ids, int n) {
+    char err[512];
+    double t0 = now_s();
+    for (int i = 0; i < n; i++)
+        if (zaya_forward(r->m, r->s, ids[i], err, sizeof err) != 0) die("%s", err);
+    r->prefill_s += now_s() - t0;
+    r->prefill_n += n;
+}
+
+static int is_eos(const ZayaModel *m, int id) {
+    for (int k = 0; k < m->config.n_eos; k++) if (m->config.eos_ids[k] == id) return 1;
+    return 0;
+}
+
+/* Generates up to `steps` tokens after the prompt; `emit` prints each. Returns the count. */
+static int generate(Runner *r, int steps, void (*emit)(Runner *, int, int), int *last) {
+    char err[512];
+    int n = 0;
+    double t0 = now_s();
+    while (n < steps) {
+        int next = sample(r->s->logits, r->sample_limit, r->o->temperature, r->o->topp, &r->rng, r->scratch);
+        emit(r, next, n);
+        n++;
+        *last = next;
+        if (is_eos(r->m, next)) break;
+        if (n == steps) break;
+        if (r->s->pos >= r->s->ctx) {
+            fprintf(stderr, "\nzaya: context is full (%d positions); stopping\n  hint: raise --ctx (max %d)\n",
+                    r->s->ctx, r->m->config.max_position);
+            break;
+        }
+        if (zaya_forward(r->m, r->s, next, err, sizeof err) != 0) die("%s", err);
+    }
+    r->decode_s += now_s() - t0;
+    r->decode_n += n;
+    return n;
+}
+
+static void emit_id(Runner *r, int id, int i) {
+    (void)r;
+    printf(i ? ",%d" : "%d", id);
+    fflush(stdout);
+}
+
+static void report_speed(const Runner *r, double load_s) {
+    fprintf(stderr, "load: %.3f s\n", load_s);
+    if (r->prefill_n)
+        fprintf(stderr, "prefill: %d tokens in %.3f s (%.2f tok/s)\n", r->prefill_n, r->prefill_s,
+                r->prefill_n / (r->prefill_s > 0 ? r->prefill_s : 1e-9));
+    if (r->decode_n)
+        fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s)\n", r->decode_n, r->decode_s,
+                r->decode_n / (r->decode_s > 0 ? r->decode_s : 1e-9));
+}
+
+static void list_taps(const ZayaModel *m, ZayaState *s) {
+    Dump d = {0};
+    d.list_only = 1;
+    s->tap = dump_tap;
+    s->tap_ctx = &d;
+    char err[512];
+    if (zaya_forward(m, s, m->config.bos_id, err, sizeof err) != 0) die("%s", err);
+    for (int i = 0; i < d.n; i++) {
+        const DumpTensor *t = &d.t[i];
+        if (t->ndim == 0) printf("%-64s [T] %s\n", t->name, t->is_int ? "int32" : "float32");
+        else if (t->ndim == 1) printf("%-64s [T, %d] float32\n", t->name, t->shape[0]);
+        else printf("%-64s [T, %d, %d] float32\n", t->name, t->shape[0], t->shape[1]);
+    }
+    printf("(after the last position: model.layers.{i}.self_attn.qkv_proj:conv_state, "
+           ":delayed_value_state, self_attn:key_cache, self_attn:value_cache)\n");
+    free(d.t);
+}
+
+static void make_dump_dir(const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) die("--dump %s exists and is not a folder\n  hint: give a new or existing folder", dir);
+    } else if (mkdir(dir, 0777) != 0) {
+        die("cannot create the dump folder %s: %s\n  hint: check the parent folder exists and is writable", dir, strerror(errno));
+    }
+    char probe[4096];
+    snprintf(probe, sizeof probe, "%s/.zaya_write_test", dir);
+    FILE *f = fopen(probe, "w");
+    if (!f) die("the dump folder %s is not writable: %s", dir, strerror(errno));
+    fclose(f);
+    remove(probe);
+}
+
+int main(int argc, char **argv) {
+    Options o = parse_args(argc, argv);
+    char err[1024];
+#ifdef _OPENMP
+    if (o.threads) omp_set_num_threads(o.threads);
+#endif
+    double t0 = now_s();
+    ZayaModel m;
+    if (zaya_load(&m, o.model_path, o.verify, err, sizeof err) != 0) die("%s", err);
+    double load_s = now_s() - t0;
+    const ZayaConfig *c = &m.config;
+
+    int n_prompt = 0;
+    int *prompt = NULL;
+    if (o.ids) prompt = parse_ids(o.ids, c->vocab_size, &n_prompt);
+    if (o.dump_dir) {
+        if (!prompt) die("--dump needs a prompt: --ids 2,818,... or -i TEXT");
+        make_dump_dir(o.dump_dir);
+    }
+    int ctx = o.ctx ? o.ctx : (c->max_position < 4096 ? c->max_position : 4096);
+    if (ctx > c->max_position) die("--ctx %d is larger than the model's max_position_embeddings %d", ctx, c->max_position);
+    if (n_prompt + o.steps > ctx && (o.dump_dir || o.print_ids) && n_prompt > ctx)
+        die("the prompt has %d tokens but the context holds %d\n  hint: raise --ctx (max %d)", n_prompt, ctx, c->max_position);
+    ZayaState s;
+    if (zaya_state_init(&s, &m, ctx, err, sizeof err) != 0) die("%s", err);
+    s.skip_expert = o.skip_expert;
+    if (o.list_taps) { list_taps(&m, &s); zaya_state_free(&s); zaya_free(&m); return 0; }
+    if (!prompt) die("no prompt\n  hint: give -i \"text\" or --ids 2,818,...");
+    if (n_prompt > ctx) die("the prompt has %d tokens but the context holds %d\n  hint: raise --ctx (max %d)", n_prompt, ctx, c->max_position);
+
+    Dump dump = {0};
+    if (o.dump_dir) {
+        if (o.dump_filter) {
+            if (regcomp(&dump.filter, o.dump_filter, REG_EXTENDED | REG_NOSUB) != 0)
+                die("--dump-filter \"%s\" is not a valid POSIX extended regular expression", o.dump_filter);
+            dump.has_filter = 1;
+        }
+        s.tap = dump_tap;
+        s.tap_ctx = &dump;
+    }
+    Runner r = {&m, &s, &o, o.seed ? o.seed : 0x9E3779B97F4A7C15ull, NULL, c->vocab_size, 0, 0, 0, 0};
+    r.scratch = malloc(sizeof(ProbIndex) * (size_t)c->vocab_size);
+    if (!r.scratch) die("out of memory");
+    run_prompt(&r, prompt, n_prompt);
+    int last = -1;
+    if (o.steps > 0) {
+        s.tap = NULL;   /* dumps cover the prompt positions only */
+        generate(&r, o.steps, emit_id, &last);
+        printf("\n");
+    }
+    if (o.dump_dir) {
+        zaya_state_taps(&m, &s, dump_state_tap, &dump);
+        write_dump(o.dump_dir, &dump, &m, o.model_path, o.skip_expert, prompt, n_prompt);
+        for (int i = 0; i < dump.n; i++) free(dump.t[i].data);
+        free(dump.t);
+        if (dump.has_filter) regfree(&dump.filter);
+    }
+    report_speed(&r, load_s);
+    free(r.scratch);
+    free(prompt);
+    zaya_state_free(&s);
+    zaya_free(&m);
+    return 0;
+}
+#endif /* ZAYA_NO_MAIN */

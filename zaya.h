@@ -1,0 +1,190 @@
+/* zaya.h - public API of zaya.c, a readable C reference implementation of Zyphra's ZAYA1-8B.
+ *
+ * One token at a time:  zaya_load() -> zaya_state_init() -> zaya_forward() per position.
+ * Everything is float32; bf16 and int8 weights are widened / dequantized at use, row by row.
+ * The model is described in docs/architecture.md (cited below as "arch §n"); the upstream code
+ * is Hugging Face transformers' src/transformers/models/zaya/modeling_zaya.py ("HF").
+ *
+ * Errors: functions that can fail return 0 on success and -1 on failure, with a message in the
+ * caller's buffer `err` (what was wrong, where, expected vs found, a hint). Nothing here prints
+ * or exits.
+ */
+#ifndef ZAYA_H
+#define ZAYA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ZAYA_FORMAT_VERSION 1
+#define ZAYA_MAX_LAYERS 256
+#define ZAYA_MAX_EOS 4
+
+/* Layer types (config "layer_types"): full causal attention, or a sliding window of
+ * `sliding_window` positions including the current one (arch §3.9). */
+enum { ZAYA_HYBRID = 0, ZAYA_HYBRID_SLIDING = 1 };
+
+/* Tensor dtypes in the blob. Q8 = symmetric int8 in groups of `group_size` consecutive weights
+ * along a row, one float32 scale per group (w = q * scale), values first then scales. */
+enum { ZAYA_F32 = 0, ZAYA_BF16 = 1, ZAYA_Q8 = 2 };
+
+/* Skip expert (router class num_experts): upstream transformers/vLLM give it a zero output;
+ * Zyphra's original fork passes the MoE input through, times its probability (arch §6a). */
+enum { ZAYA_SKIP_ZERO = 0, ZAYA_SKIP_PASSTHROUGH = 1 };
+
+/* The model hyper-parameters, as stored in the blob header (native names of config.json). */
+typedef struct {
+    int vocab_size;        /* embedding / LM-head rows (262272); the tokenizer has fewer ids */
+    int hidden_size;       /* H */
+    int num_layers;        /* L (native layers: attention + MoE each) */
+    int num_heads;         /* nq: query heads after CCA */
+    int num_kv_heads;      /* nkv: key/value heads; a query head n uses KV head n / (nq/nkv) */
+    int head_dim;          /* d */
+    int num_experts;       /* E; the router has E+1 classes, class E = skip expert */
+    int experts_per_tok;   /* always 1 */
+    int moe_intermediate;  /* I: expert width (gate_up has 2I rows) */
+    int router_hidden;     /* R */
+    int cca_time0;         /* depthwise conv kernel */
+    int cca_time1;         /* grouped conv kernel */
+    int sliding_window;    /* window of hybrid_sliding layers (0 if none) */
+    int max_position;      /* max_position_embeddings */
+    int bos_id, pad_id;
+    int n_eos, eos_ids[ZAYA_MAX_EOS];
+    int rope_dim[2];       /* rotated dims per layer type = int(head_dim * partial_rotary_factor) */
+    float rms_norm_eps;
+    float rope_theta[2];   /* per layer type: [hybrid, hybrid_sliding] */
+    float partial_rotary_factor[2];
+    unsigned char layer_types[ZAYA_MAX_LAYERS];
+} ZayaConfig;
+
+/* A weight matrix [rows, cols] (PyTorch [out, in]) in any blob dtype. */
+typedef struct {
+    int dtype;             /* ZAYA_F32, ZAYA_BF16 or ZAYA_Q8 */
+    int rows, cols;
+    int group_size;        /* Q8 only */
+    const void *data;      /* rows*cols values, row-major */
+    const float *scales;   /* Q8 only: rows*cols/group_size scales */
+} ZayaMatrix;
+
+/* (x + bias) * scale on the branch plus (r + bias) * scale on the residual (HF ZayaResidualScaling). */
+typedef struct {
+    const float *hidden_states_scale, *hidden_states_bias, *residual_scale, *residual_bias;
+} ZayaResidualScale;
+
+typedef struct {
+    const float *input_layernorm;                          /* [H] */
+    ZayaMatrix q_proj, k_proj;                             /* [nq*d, H], [nkv*d, H] */
+    ZayaMatrix v_proj_current, v_proj_delayed;             /* [nkv*d/2, H] each */
+    const float *conv_qk_depthwise_weight, *conv_qk_depthwise_bias;   /* [C, 1, t0], [C] */
+    const float *conv_qk_grouped_weight, *conv_qk_grouped_bias;       /* [C, d, t1], [C] */
+    const float *qk_norm_temp;                             /* [nkv] */
+    ZayaMatrix o_proj;                                     /* [H, nq*d] */
+    ZayaResidualScale post_attention_residual_scale;
+    const float *post_attention_layernorm;                 /* [H] */
+    ZayaMatrix router_down_proj;                           /* mlp.gate.down_proj [R, H] */
+    const float *router_down_proj_bias;                    /* [R] */
+    const float *router_states_scale;                      /* [R]; NULL at layer 0 (no EDA there) */
+    const float *router_norm;                              /* router_mlp.norm [R] */
+    ZayaMatrix router_fc1, router_fc2;                     /* [R, R] */
+    const float *router_fc1_bias, *router_fc2_bias;        /* [R] */
+    ZayaMatrix router_out_proj;                            /* [E+1, R] */
+    const float *balancing_biases;                         /* [E+1] */
+    ZayaMatrix experts_gate_up;                            /* [E*2I, H]: expert e = rows e*2I.. */
+    ZayaMatrix experts_down;                               /* [E*H, I]:  expert e = rows e*H.. */
+    ZayaResidualScale post_mlp_residual_scale;
+} ZayaLayer;
+
+typedef struct ZayaTokenizer ZayaTokenizer;
+
+typedef struct {
+    ZayaConfig config;
+    int weight_format;           /* dtype of the big matrices as exported */
+    int group_size;              /* Q8 group size (0 if none) */
+    int source_layout;           /* 0 native, 1 legacy checkpoint */
+    char provenance[512];        /* exporter's JSON note */
+    ZayaMatrix embed_tokens;     /* [V, H]; also the tied LM head */
+    const float *input_hidden_states_scale, *input_hidden_states_bias, *norm;   /* [H] */
+    ZayaLayer *layers;           /* [L] */
+    ZayaTokenizer *tokenizer;    /* NULL if the blob has none */
+    void *map;                   /* the read-only mmap of the whole file */
+    size_t map_size;
+} ZayaModel;
+
+/* Maps and validates a blob written by export_weights.py: header, config ranges, every tensor's
+ * name, dtype, shape, offset and size against the file size (no data is read before that), then
+ * the tokenizer section. verify_crc != 0 also checks every tensor's CRC-32 (reads the whole file).
+ * Returns 0, or -1 with a message in err. */
+int zaya_load(ZayaModel *m, const char *path, int verify_crc, char *err, size_t errlen);
+void zaya_free(ZayaModel *m);
+
+/* Intermediate tensors ("taps"), named by HF module path (docs/compare.md): one call per tensor per
+ * position with the row for this position. layer = -1 for model-level tensors. */
+typedef struct {
+    const char *name;      /* e.g. "self_attn.o_proj" (layer prefix "model.layers.{i}." not included) */
+    int layer;
+    int is_int;            /* data is int32 instead of float */
+    int ndim;              /* of one row: 0 (scalar), 1 or 2 */
+    int shape[2];
+    const void *data;
+} ZayaTap;
+typedef void (*ZayaTapFn)(void *ctx, const ZayaTap *tap);
+
+/* Decoding state of one layer (arch §4). */
+typedef struct {
+    float *key_cache, *value_cache;   /* [cache_len, nkv*d]: keys after qk-norm and RoPE, values */
+    int cache_len;                    /* ctx, or sliding_window on hybrid_sliding layers (ring) */
+    float *conv_state;                /* [K, C], K = (t0-1)+(t1-1): raw u_{t-K} .. u_{t-1}, oldest first */
+    float *delayed_value;             /* [nkv*d/2]: v_proj_delayed of the previous token */
+} ZayaLayerState;
+
+/* Everything that changes while running: per-layer state, the position, scratch buffers. */
+typedef struct {
+    ZayaLayerState *layers;   /* [num_layers] */
+    int num_layers;
+    int ctx;                  /* maximum number of positions */
+    int pos;                  /* next position to run (= tokens seen so far) */
+    int skip_expert;          /* ZAYA_SKIP_ZERO (default) or ZAYA_SKIP_PASSTHROUGH */
+    ZayaTapFn tap;            /* optional: called with every intermediate tensor */
+    void *tap_ctx;
+    /* scratch, one token */
+    float *x;                 /* residual stream r [H] */
+    float *h;                 /* normalized input of a block [H] */
+    float *q_tilde, *k_tilde; /* q_proj, k_proj outputs; u = [q_tilde; k_tilde] is contiguous [C] */
+    float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} [t1, C] */
+    float *conv_z;            /* grouped conv output [C] */
+    float *q_res, *k_res;     /* residual mix [nq*d], [nkv*d] */
+    float *q, *k, *v;         /* [nq*d], [nkv*d], [nkv*d] */
+    float *vd;                /* v_proj_delayed of this token [nkv*d/2] */
+    float *att;               /* attention scores [ctx] */
+    float *attn_out;          /* [nq*d] */
+    float *branch;            /* block output before the residual merge [H] */
+    float *router_state;      /* EDA state rho [R], flows layer to layer within a token */
+    float *router_tmp;        /* [R] x2 */
+    float *router_logits, *router_probs, *router_scores;   /* [E+1] */
+    float *expert_hidden;     /* [2I] */
+    float *logits;            /* [V] */
+    float *rope_cos, *rope_sin;   /* [rot/2] */
+} ZayaState;
+
+/* Allocates the state for up to ctx positions (1 <= ctx <= max_position) and zeroes it.
+ * Mirrors an empty HF cache (DynamicCache with conv/recurrent slots). Returns 0 or -1 + err. */
+int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t errlen);
+/* Back to position 0 with empty caches (keeps the allocation and the options). */
+void zaya_state_reset(ZayaState *s, const ZayaModel *m);
+void zaya_state_free(ZayaState *s);
+
+/* Runs token `token` at position s->pos through the model and advances s->pos; the logits for the
+ * next token are in s->logits [vocab_size]. Mirrors HF ZayaForCausalLM.forward on one new token
+ * with a cache. Returns 0, or -1 + err when the id is not in 0..vocab_size-1 or the context is full
+ * (nothing is changed then). */
+int zaya_forward(const ZayaModel *m, ZayaState *s, int token, char *err, size_t errlen);
+
+/* Calls fn with the decoding state after the last position: conv state, delayed value and the
+ * KV cache of every layer (names in docs/compare.md), row-major with full shapes in tap->shape. */
+void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void *ctx);
+
+/* y[rows] = W x[cols]; reference kernel (plain loops), any dtype. */
+void zaya_matvec_ref(float *y, const ZayaMatrix *w, const float *x);
+/* Same result computed by the fast kernel used in zaya_forward (vectorized, multithreaded). */
+void zaya_matvec(float *y, const ZayaMatrix *w, const float *x);
+
+#endif /* ZAYA_H */
