@@ -1,0 +1,40 @@
+# zaya.c - build, test, demo.  `make` builds ./zaya with plain cc, libc and libm only.
+CC      ?= cc
+CFLAGS  ?= -O3 -march=native
+WARN     = -std=c11 -Wall -Wextra -Werror -Wno-unknown-pragmas
+COMMIT  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+DEFS     = -DZAYA_COMMIT=\"$(COMMIT)\"
+SRC      = zaya.c tokenizer.c
+HDR      = zaya.h tokenizer.h
+PYTHON  ?= python3
+FIXTURES ?= ../shared/fixtures
+CKPT    ?= $(FIXTURES)/public/checkpoint_native
+
+.PHONY: all omp debug test demo clean
+all: zaya
+
+# the reference build: single-threaded, no dependencies
+zaya: $(SRC) $(HDR)
+	$(CC) $(CFLAGS) $(WARN) $(DEFS) -o $@ $(SRC) -lm
+
+# OpenMP: multithreaded matvecs (results identical for any thread count)
+omp: zaya_omp
+zaya_omp: $(SRC) $(HDR)
+	$(CC) $(CFLAGS) -fopenmp $(WARN) $(DEFS) -o $@ $(SRC) -lm
+
+# debug: AddressSanitizer + UndefinedBehaviorSanitizer
+debug: zaya_debug
+zaya_debug: $(SRC) $(HDR)
+	$(CC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(WARN) $(DEFS) -o $@ $(SRC) -lm
+
+test: zaya zaya_omp zaya_debug
+	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
+
+# the main job on real input: export a hub-format checkpoint, generate from an English prompt
+demo: zaya
+	mkdir -p build
+	$(PYTHON) export_weights.py $(CKPT) build/demo.bin
+	./zaya build/demo.bin -i "The old lighthouse keeper climbed the spiral stairs" -n 32 -t 0.8 -s 42
+
+clean:
+	rm -rf zaya zaya_omp zaya_debug build

@@ -1,0 +1,68 @@
+"""Small shared pieces of the Python tests: PASS/FAIL lines, running programs, reading .npy files."""
+import array
+import ast
+import math
+import os
+import struct
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "..", "shared", "fixtures"))
+BUILD = os.path.join(ROOT, "build", "test")
+failures = 0
+
+
+def check(ok, name, detail=""):
+    """Prints `PASS name` or `FAIL name: detail`; returns ok."""
+    global failures
+    if ok:
+        print(f"PASS {name}", flush=True)
+    else:
+        failures += 1
+        print(f"FAIL {name}: {detail}", flush=True)
+    return ok
+
+
+def finish():
+    sys.exit(1 if failures else 0)
+
+
+def need_fixtures(*parts):
+    """The fixture path; a missing fixture is a failure (never a skip): the test stops here."""
+    path = os.path.join(FIXTURES, *parts)
+    if not os.path.exists(path):
+        check(False, "fixtures present", f"{path} not found (../shared/fixtures must be beside the repo)")
+        finish()
+    return path
+
+
+def run(cmd, **kw):
+    """Runs cmd in the repo root; returns (returncode, stdout, stderr) as text."""
+    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def read_npy(path):
+    """(shape, flat array.array of 'f' or 'i') of a NumPy 1.0 little-endian file."""
+    with open(path, "rb") as f:
+        b = f.read()
+    if b[:6] != b"\x93NUMPY":
+        raise ValueError(f"{path} is not a .npy file")
+    n = struct.unpack("<H", b[8:10])[0]
+    h = ast.literal_eval(b[10:10 + n].decode("latin1"))
+    a = array.array({"<f4": "f", "<i4": "i"}[h["descr"]])
+    a.frombytes(b[10 + n:])
+    return tuple(h["shape"]), a
+
+
+def rel_l2(a, b):
+    num = sum((x - y) ** 2 for x, y in zip(a, b))
+    den = sum(y * y for y in b)
+    return math.sqrt(num / den) if den else math.sqrt(num)
+
+
+def prompt_ids():
+    import json
+    with open(need_fixtures("public", "index.json")) as f:
+        return json.load(f)["prompt"]["ids"]

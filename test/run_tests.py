@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""run_tests.py - runs every test of zaya.c and ends with the line `N passed, N failed`.
+
+    python3 test/run_tests.py [--fixtures ../shared/fixtures] [--only NAME]
+
+Each test is a program that prints one line per check, `PASS <name>` or `FAIL <name>: <detail>`,
+and exits non-zero when anything failed. A test that exits non-zero without printing a FAIL line
+(a crash) counts as one failure. Missing fixtures are a failure, never a skip.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (name, command) in the order they run; commands run in the repo root.
+TESTS = [
+    ("engine", [sys.executable, "test/test_engine.py"]),
+    ("tokenizer", [sys.executable, "test/test_tokenizer.py"]),
+    ("dims", [sys.executable, "test/test_dims.py"]),
+    ("compare", [sys.executable, "test/test_compare.py"]),
+    ("golden_hf", [sys.executable, "test/test_golden_hf.py"]),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fixtures", default="../shared/fixtures")
+    ap.add_argument("--only", action="append", help="run only these tests (repeatable)")
+    args = ap.parse_args()
+    env = dict(os.environ, ZAYA_FIXTURES=os.path.abspath(os.path.join(ROOT, args.fixtures)))
+    passed = failed = 0
+    if not os.path.isdir(env["ZAYA_FIXTURES"]):
+        print(f"FAIL fixtures: {env['ZAYA_FIXTURES']} not found (the tests need ../shared/fixtures beside the repo)")
+        failed += 1
+    for name, cmd in TESTS:
+        if args.only and name not in args.only:
+            continue
+        if not os.path.exists(os.path.join(ROOT, cmd[1])):
+            print(f"FAIL {name}: {cmd[1]} is missing")
+            failed += 1
+            continue
+        print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.time()
+        p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace")
+        n_pass = n_fail = 0
+        for line in p.stdout.splitlines():
+            print("   " + line if not line.startswith(("PASS ", "FAIL ")) else line)
+            n_pass += line.startswith("PASS ")
+            n_fail += line.startswith("FAIL ")
+        if p.returncode != 0 and n_fail == 0:
+            print(f"FAIL {name}: exited with status {p.returncode} without naming a failed check")
+            n_fail += 1
+        print(f"   ({name}: {n_pass} passed, {n_fail} failed, {time.time() - t0:.1f} s)", flush=True)
+        passed += n_pass
+        failed += n_fail
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

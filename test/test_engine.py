@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""test_engine.py - the exporter and the fp32 engine against the official implementation.
+
+    make zaya zaya_omp zaya_debug && python3 test/test_engine.py
+
+On ../shared/fixtures/public (both hub layouts): every layer output within relative L2 1e-5 of
+golden/hidden_states.npy, logits within 1e-3 of the official top-16, router indices identical,
+greedy continuation identical; the same against golden_zyphra/ with --skip-expert passthrough;
+native and legacy exports give bit-identical logits; bf16 blobs give the fp32 blob's logits;
+any thread count gives the same logits; the sanitizer build runs clean.
+"""
+import os
+import shutil
+
+from harness import BUILD, check, finish, need_fixtures, prompt_ids, read_npy, rel_l2, run
+
+PUBLIC = need_fixtures("public")
+os.makedirs(BUILD, exist_ok=True)
+IDS = ",".join(map(str, prompt_ids()))
+
+
+def export(layout, dtype="fp32"):
+    out = os.path.join(BUILD, f"{layout}_{dtype}.bin")
+    rc, _, err = run(["python3", "export_weights.py", os.path.join(PUBLIC, f"checkpoint_{layout}"), out,
+                      "--dtype", dtype])
+    check(rc == 0, f"export {layout} layout ({dtype})", err.strip()[-500:])
+    return out
+
+
+def dump(blob, name, *extra, exe="./zaya"):
+    d = os.path.join(BUILD, name)
+    shutil.rmtree(d, ignore_errors=True)
+    rc, _, err = run([exe, blob, "--ids", IDS, "--dump", d, *extra])
+    check(rc == 0 and "ERROR" not in err and "runtime error" not in err, f"{exe} --dump {name}",
+          err.strip()[-800:])
+    return d
+
+
+def against_golden(d, golden, label):
+    g = os.path.join(PUBLIC, golden)
+    (L, T, H), hs = read_npy(os.path.join(g, "hidden_states.npy"))
+    worst = max(rel_l2(read_npy(os.path.join(d, f"model.layers.{l}.post_mlp_residual_scale.npy"))[1],
+                       hs[l * T * H:(l + 1) * T * H]) for l in range(L))
+    check(worst <= 1e-5, f"{label}: every layer output within rel L2 1e-5 of {golden}/hidden_states",
+          f"worst rel L2 {worst:.3g}")
+    _, fn = read_npy(os.path.join(g, "final_norm.npy"))
+    e = rel_l2(read_npy(os.path.join(d, "model.norm.npy"))[1], fn)
+    check(e <= 1e-5, f"{label}: model.norm within rel L2 1e-5", f"rel L2 {e:.3g}")
+    _, ri = read_npy(os.path.join(g, "router_indices.npy"))
+    bad = [(l, t) for l in range(L) for t, v in
+           enumerate(read_npy(os.path.join(d, f"model.layers.{l}.mlp.gate.router_indices.npy"))[1])
+           if v != ri[l * T + t]]
+    check(not bad, f"{label}: router indices identical ({L} layers x {T} positions)",
+          f"{len(bad)} differ, first (layer, position) {bad[:3]}")
+    (_, K), top_ids = read_npy(os.path.join(g, "logits_top16_ids.npy"))
+    _, top_vals = read_npy(os.path.join(g, "logits_top16_values.npy"))
+    (_, V), logits = read_npy(os.path.join(d, "logits.npy"))
+    worst, outsider = 0.0, None
+    for t in range(T):
+        row = logits[t * V:(t + 1) * V]
+        ref = {top_ids[t * K + k]: top_vals[t * K + k] for k in range(K)}
+        worst = max(worst, max(abs(row[i] - v) for i, v in ref.items()))
+        floor = top_vals[t * K + K - 1] + 1e-3     # no id outside the official top-16 may beat its 16th
+        for i, v in enumerate(row):
+            if v > floor and i not in ref:
+                outsider = (t, i, v)
+    check(worst <= 1e-3 and outsider is None, f"{label}: logits within 1e-3 of the official top-{K}",
+          f"max abs error {worst:.3g}, id outside the official top-{K}: {outsider}")
+    return logits
+
+
+native, legacy = export("native"), export("legacy")
+native_bf16 = export("native", "bf16")
+
+d_up = dump(native, "native_zero")
+lg_up = against_golden(d_up, "golden", "upstream (native, skip zero)")
+d_zf = dump(legacy, "legacy_passthrough", "--skip-expert", "passthrough")
+lg_zf = against_golden(d_zf, "golden_zyphra", "Zyphra fork (legacy, skip passthrough)")
+
+lg_legacy_zero = read_npy(os.path.join(dump(legacy, "legacy_zero"), "logits.npy"))[1]
+check(lg_legacy_zero == lg_up, "native and legacy layouts give bit-identical logits")
+lg_bf16 = read_npy(os.path.join(dump(native_bf16, "native_bf16"), "logits.npy"))[1]
+check(lg_bf16 == lg_up, "bf16 blob gives the fp32 blob's logits exactly")
+for threads in ("1", "2"):
+    lg = read_npy(os.path.join(dump(native, f"omp{threads}", "--threads", threads, exe="./zaya_omp"),
+                               "logits.npy"))[1]
+    check(lg == lg_up, f"OpenMP build with {threads} thread(s) gives identical logits")
+
+for mode, golden in (("zero", "golden"), ("passthrough", "golden_zyphra")):
+    rc, out, err = run(["./zaya", native, "--ids", IDS, "-n", "16", "-t", "0", "--print-ids", "--skip-expert", mode])
+    got = [int(x) for x in out.strip().split(",")] if rc == 0 and out.strip() else None
+    want = list(read_npy(os.path.join(PUBLIC, golden, "greedy_tokens.npy"))[1])
+    check(got == want, f"greedy 16 tokens equal {golden}/greedy_tokens.npy (--skip-expert {mode})",
+          f"got {got}, want {want}; {err.strip()[-300:]}")
+
+# the sanitizer build on the same run: no ASan/UBSan report, same numbers within tolerance
+d_dbg = dump(native, "debug", exe="./zaya_debug")
+lg_dbg = read_npy(os.path.join(d_dbg, "logits.npy"))[1]
+e = max(abs(a - b) for a, b in zip(lg_dbg, lg_up))
+check(e <= 1e-4, "ASan+UBSan build: clean run, logits agree with the release build", f"max abs diff {e:.3g}")
+finish()
