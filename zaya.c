@@ -293,7 +293,7 @@ static int load_matrix(Loader *ld, ZayaMatrix *m, const char *name, uint64_t n, 
 }
 
 static int load_residual_scale(Loader *ld, ZayaResidualScale *p, const char *prefix, int H) {
-    char name[NAME_SIZE];
+    char name[2 * NAME_SIZE];
     const char *parts[4] = {"hidden_states_scale", "hidden_states_bias", "residual_scale", "residual_bias"};
     const float **dst[4] = {&p->hidden_states_scale, &p->hidden_states_bias, &p->residual_scale, &p->residual_bias};
     for (int k = 0; k < 4; k++) {
