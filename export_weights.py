@@ -22,6 +22,7 @@ import json
 import os
 import re
 import struct
+import subprocess
 import sys
 import time
 import zlib
@@ -582,7 +583,54 @@ def check_config_limits(c, path):
     del H
 
 
-def export(ckpt, out, wformat="fp32", group=32, chat_format=None, log=print):
+def build_quantizer():
+    """The small C helper (quantize.c) that does the int8 arithmetic; compiled on first use."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    src, exe = os.path.join(here, "quantize.c"), os.path.join(here, "build", "zaya-quantize")
+    if os.path.isfile(exe) and (not os.path.isfile(src) or os.path.getmtime(exe) >= os.path.getmtime(src)):
+        return exe
+    if not os.path.isfile(src):
+        fail("the int8 quantizer source is missing", src, hint="int8 export needs quantize.c from the zaya.c repo")
+    os.makedirs(os.path.dirname(exe), exist_ok=True)
+    cc = os.environ.get("CC", "cc")
+    try:
+        p = subprocess.run([cc, "-O2", "-std=c11", src, "-lm", "-o", exe], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    except OSError as e:
+        fail("cannot run the C compiler to build the int8 quantizer", cc, hint=f"install gcc ({e})")
+    if p.returncode != 0:
+        fail("building the int8 quantizer failed", src, hint=p.stdout.decode(errors="replace")[-500:])
+    return exe
+
+
+def quantize_tensor(quantizer, w, entry, srcs, where, group, log):
+    """Streams one matrix through quantize.c, which writes its int8 values and scales in place."""
+    name, _, shape, offset, nbytes, _ = entry
+    numel = 1
+    for d in shape:
+        numel *= d
+    in_dtype = "bf16" if all(where[s].tensors[s][0] == "BF16" for s in srcs) else "f32"
+    w.f.flush()
+    p = subprocess.Popen([quantizer, in_dtype, str(group), w.path + ".tmp", str(offset), str(numel)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for s in srcs:
+            read_source_f32_or_bf16(where[s], s, "bf16" if in_dtype == "bf16" else "f32", p.stdin.write)
+        p.stdin.close()
+    except BrokenPipeError:
+        pass
+    out, err = p.stdout.read(), p.stderr.read()
+    if p.wait() != 0:
+        fail("int8 quantization failed", name, hint=err.decode(errors="replace").strip())
+    crc, max_err, sse, ssw = out.split()
+    rel = (float(sse) / float(ssw)) ** 0.5 if float(ssw) > 0 else 0.0
+    log(f"  int8 {name}: rel L2 error {rel:.3e}, max abs error {float(max_err):.3e}")
+    w.f.seek(offset + nbytes)
+    w.pos = offset + nbytes
+    return int(crc)
+
+
+def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print):
     t0 = time.time()
     cfg_path = os.path.join(ckpt, "config.json")
     cfg = read_json(cfg_path, "config.json")
@@ -592,9 +640,22 @@ def export(ckpt, out, wformat="fp32", group=32, chat_format=None, log=print):
     layout = detect_layout(cfg, where)
     c = native_config(cfg, cfg_path) if layout == "native" else legacy_to_native_config(cfg, cfg_path)
     check_config_limits(c, cfg_path)
-    if wformat == "int8":
-        fail("int8 export is not available in this version", "--dtype int8", "fp32 or bf16", "int8")
     plan = plan_tensors(c, layout, where)
+    quantizer = None
+    if wformat == "int8":
+        rows = {name: shape[-1] for name, shape, kind, _ in plan if kind == "matrix"}
+        if group is None:       # 32 (Q8_0) unless a row length needs a smaller power of two
+            group = 32
+            while any(n % group for n in rows.values()):
+                group //= 2
+            if group < 32:
+                log(f"int8 group size {group}: some row lengths are not multiples of 32")
+        bad = [(name, n) for name, n in rows.items() if group < 1 or n % group]
+        if bad:
+            fail("int8 group size does not divide every matrix row", f"--group-size {group}",
+                 "a divisor of every row length", f"{bad[0][0]} has rows of {bad[0][1]}",
+                 "leave --group-size out to choose one automatically")
+        quantizer = build_quantizer()
     try:
         tok = export_tokenizer.build_tokenizer_section(ckpt, chat_format)
     except ValueError as e:
@@ -621,11 +682,14 @@ def export(ckpt, out, wformat="fp32", group=32, chat_format=None, log=print):
     for entry, (name, shape, kind, srcs) in zip(entries, plan):
         w.pad_to(ALIGN)
         assert w.pos == entry[3]
-        w.crc = 0
-        want = "bf16" if entry[1] == "bf16" else "f32"
-        for s in srcs:
-            read_source_f32_or_bf16(where[s], s, want, w.write)
-        entry[5] = w.crc
+        if entry[1] == "int8":
+            entry[5] = quantize_tensor(quantizer, w, entry, srcs, where, group, log)
+        else:
+            w.crc = 0
+            want = "bf16" if entry[1] == "bf16" else "f32"
+            for s in srcs:
+                read_source_f32_or_bf16(where[s], s, want, w.write)
+            entry[5] = w.crc
         done += entry[4]
         if time.time() - last > 2 or done == total:
             last = time.time()
@@ -654,7 +718,9 @@ def main(argv=None):
     ap.add_argument("out", help="output blob, e.g. zaya1-8b.bin")
     ap.add_argument("--dtype", choices=sorted(DTYPE_CODES), default="fp32",
                     help="format of the big matrices (default fp32; bf16 keeps the hub's exact weights)")
-    ap.add_argument("--group-size", type=int, default=32, help="int8 quantization group size (default 32)")
+    ap.add_argument("--group-size", type=int, default=None,
+                    help="int8 quantization group size (default 32, or the largest power of two below it that "
+                         "divides every row)")
     ap.add_argument("--chat-format", choices=["auto", "chatml", "gemma", "none"], default="auto",
                     help="chat turn format (default: recognised from tokenizer_config.json's chat_template)")
     args = ap.parse_args(argv)

@@ -1,0 +1,102 @@
+/* quantize.c - the int8 (Q8_0-style) quantizer that export_weights.py drives, one tensor per run.
+ *
+ *   zaya-quantize f32|bf16 GROUP OUT_FILE OFFSET NUMEL  < raw little-endian values
+ *
+ * Reads NUMEL values from standard input, splits them into groups of GROUP consecutive values
+ * (a group never crosses a row: the exporter checks that the row length is a multiple of GROUP),
+ * and writes at byte OFFSET of OUT_FILE the blob's int8 layout (docs/blob-format.md): the int8
+ * values, zero padding to a multiple of 64 bytes, then one float32 scale per group, with
+ *   scale = max|w| / 127,  q = round(w / scale)  (0 for an all-zero group).
+ * Prints one line: "<crc32 of the written bytes> <max abs error> <sum sq error> <sum sq weights>".
+ * Python alone would need hours for the 8.8 B weights of ZAYA1-8B; this takes seconds per GB.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static uint32_t crc_table[256];
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) crc = crc_table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+static int die(const char *msg) {
+    fprintf(stderr, "zaya-quantize: %s\n", msg);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6) return die("usage: zaya-quantize f32|bf16 GROUP OUT_FILE OFFSET NUMEL < values");
+    int bf16 = strcmp(argv[1], "bf16") == 0;
+    if (!bf16 && strcmp(argv[1], "f32") != 0) return die("input dtype must be f32 or bf16");
+    long group = strtol(argv[2], NULL, 10);
+    long long offset = strtoll(argv[4], NULL, 10), numel = strtoll(argv[5], NULL, 10);
+    if (group < 1 || group > 4096 || offset < 0 || numel < 1 || numel % group)
+        return die("bad GROUP / OFFSET / NUMEL (NUMEL must be a positive multiple of GROUP)");
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+    int fd = open(argv[3], O_WRONLY);
+    if (fd < 0) return die(strerror(errno));
+
+    const long long n_groups = numel / group, chunk_groups = (1 << 20) / group + 1;
+    const size_t in_size = bf16 ? 2 : 4;
+    unsigned char *in = malloc((size_t)(chunk_groups * group) * in_size);
+    int8_t *q = malloc((size_t)(chunk_groups * group));
+    float *w = malloc(sizeof(float) * (size_t)group);
+    float *scales = malloc(sizeof(float) * (size_t)n_groups);
+    if (!in || !q || !w || !scales) return die("out of memory");
+    double max_err = 0, sum_sq_err = 0, sum_sq = 0;
+    uint32_t crc = 0;
+    long long done = 0;
+    while (done < n_groups) {
+        long long ng = n_groups - done < chunk_groups ? n_groups - done : chunk_groups;
+        size_t want = (size_t)(ng * group) * in_size;
+        if (fread(in, 1, want, stdin) != want) return die("standard input ended early");
+        for (long long g = 0; g < ng; g++) {
+            float amax = 0.0f;
+            for (long k = 0; k < group; k++) {
+                size_t i = (size_t)(g * group + k);
+                if (bf16) { uint32_t b = (uint32_t)(in[2 * i] | in[2 * i + 1] << 8) << 16; memcpy(&w[k], &b, 4); }
+                else memcpy(&w[k], in + 4 * i, 4);
+                if (!isfinite(w[k])) return die("the tensor has a NaN or infinite value");
+                amax = fmaxf(amax, fabsf(w[k]));
+            }
+            float s = amax / 127.0f;
+            scales[done + g] = s;
+            for (long k = 0; k < group; k++) {
+                int v = s > 0.0f ? (int)roundf(w[k] / s) : 0;
+                v = v > 127 ? 127 : v < -127 ? -127 : v;
+                q[g * group + k] = (int8_t)v;
+                double err = fabs((double)w[k] - (double)v * s);
+                max_err = err > max_err ? err : max_err;
+                sum_sq_err += err * err;
+                sum_sq += (double)w[k] * w[k];
+            }
+        }
+        size_t nq = (size_t)(ng * group);
+        if (pwrite(fd, q, nq, offset + done * group) != (ssize_t)nq) return die(strerror(errno));
+        crc = crc32_update(crc, (unsigned char *)q, nq);
+        done += ng;
+    }
+    long long pad = (numel + 63) / 64 * 64 - numel;
+    unsigned char zeros[64] = {0};
+    if (pad && pwrite(fd, zeros, (size_t)pad, offset + numel) != (ssize_t)pad) return die(strerror(errno));
+    crc = crc32_update(crc, zeros, (size_t)pad);
+    size_t ns = sizeof(float) * (size_t)n_groups;
+    if (pwrite(fd, scales, ns, offset + numel + pad) != (ssize_t)ns) return die(strerror(errno));
+    crc = crc32_update(crc, (unsigned char *)scales, ns);
+    if (close(fd) != 0) return die(strerror(errno));
+    printf("%u %.9g %.17g %.17g\n", crc, max_err, sum_sq_err, sum_sq);
+    free(in); free(q); free(w); free(scales);
+    return 0;
+}
