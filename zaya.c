@@ -26,6 +26,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* ---------------------------------------------------------------------------------------------
  * 1. Helpers
@@ -85,82 +88,154 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 
+/* Symmetric int8 quantization of activations in groups (Q8_0, the same rule as quantize.c):
+ * xs[g] = max|x| / 127 over the group, xq = round(x / xs). Used only with int8 weights. */
+static void quantize_q8(int8_t *xq, float *xs, const float *x, int n, int group) {
+    for (int g = 0; g < n / group; g++) {
+        const float *xg = x + (size_t)g * group;
+        float amax = 0.0f;
+        for (int i = 0; i < group; i++) amax = fmaxf(amax, fabsf(xg[i]));
+        float s = amax / 127.0f;
+        xs[g] = s;
+        for (int i = 0; i < group; i++) {
+            int v = s > 0.0f ? (int)roundf(xg[i] / s) : 0;
+            xq[(size_t)g * group + i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+        }
+    }
+}
+
+/* The reference kernel: y[o] = sum_i W[o][i] * x[i], plain loops, float32 weights and activations.
+ * (int8 weights are dequantized, the activations are not quantized.) */
 void zaya_matvec_ref(float *y, const ZayaMatrix *w, const float *x) {
     for (int o = 0; o < w->rows; o++) {
         size_t row = (size_t)o * (size_t)w->cols;
         float sum = 0.0f;
-        if (w->dtype == ZAYA_F32) {
-            const float *wr = (const float *)w->data + row;
-            for (int i = 0; i < w->cols; i++) sum += wr[i] * x[i];
-        } else if (w->dtype == ZAYA_BF16) {
-            const uint16_t *wr = (const uint16_t *)w->data + row;
-            for (int i = 0; i < w->cols; i++) sum += bf16_to_f32(wr[i]) * x[i];
-        } else {   /* Q8: sum over groups of scale * (sum of q*x in the group) */
-            const int8_t *wr = (const int8_t *)w->data + row;
-            const float *sr = w->scales + row / (size_t)w->group_size;
-            for (int g = 0; g < w->cols / w->group_size; g++) {
-                float gs = 0.0f;
-                for (int i = g * w->group_size; i < (g + 1) * w->group_size; i++) gs += (float)wr[i] * x[i];
-                sum += gs * sr[g];
-            }
+        for (int i = 0; i < w->cols; i++) {
+            float wi = w->dtype == ZAYA_F32 ? ((const float *)w->data)[row + i]
+                     : w->dtype == ZAYA_BF16 ? bf16_to_f32(((const uint16_t *)w->data)[row + i])
+                     : ((const int8_t *)w->data)[row + i] * w->scales[(row + i) / (size_t)w->group_size];
+            sum += wi * x[i];
         }
         y[o] = sum;
     }
 }
 
-/* Fast dot products: 16 independent accumulators so the compiler can vectorize without
- * -ffast-math; the result is deterministic (fixed order) but differs from the reference kernel
- * in the last bits. test/test_kernels.c checks the two agree. */
+/* The fast dot products. Each is written twice: plain C that any compiler builds, and AVX-512 /
+ * AVX512-VNNI intrinsics. The two compute exactly the same operations in the same order (16
+ * float lanes with fused multiply-adds, or exact integer sums), so they give bit-identical
+ * results; test/test_kernels.c checks that, and how far both are from zaya_matvec_ref. */
 #define LANES 16
+
+static float sum_lanes(const float *acc) {   /* fixed order: results never depend on the machine */
+    float sum = 0.0f;
+    for (int l = 0; l < LANES; l++) sum += acc[l];
+    return sum;
+}
+
 static float dot_f32(const float *w, const float *x, int n) {
     float acc[LANES] = {0};
     int i = 0;
+#ifdef __AVX512F__
+    __m512 a = _mm512_setzero_ps();
+    for (; i + LANES <= n; i += LANES) a = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a);
+    _mm512_storeu_ps(acc, a);
+#else
     for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] += w[i + l] * x[i + l];
-    float sum = 0.0f;
-    for (int l = 0; l < LANES; l++) sum += acc[l];
-    for (; i < n; i++) sum += w[i] * x[i];
-    return sum;
+        for (int l = 0; l < LANES; l++) acc[l] = fmaf(w[i + l], x[i + l], acc[l]);
+#endif
+    for (int l = 0; i < n; i++, l++) acc[l] = fmaf(w[i], x[i], acc[l]);
+    return sum_lanes(acc);
 }
 
 static float dot_bf16(const uint16_t *w, const float *x, int n) {
     float acc[LANES] = {0};
     int i = 0;
+#ifdef __AVX512F__
+    __m512 a = _mm512_setzero_ps();
+    for (; i + LANES <= n; i += LANES) {
+        __m512i wi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w + i))), 16);
+        a = _mm512_fmadd_ps(_mm512_castsi512_ps(wi), _mm512_loadu_ps(x + i), a);
+    }
+    _mm512_storeu_ps(acc, a);
+#else
     for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] += bf16_to_f32(w[i + l]) * x[i + l];
-    float sum = 0.0f;
-    for (int l = 0; l < LANES; l++) sum += acc[l];
-    for (; i < n; i++) sum += bf16_to_f32(w[i]) * x[i];
-    return sum;
+        for (int l = 0; l < LANES; l++) acc[l] = fmaf(bf16_to_f32(w[i + l]), x[i + l], acc[l]);
+#endif
+    for (int l = 0; i < n; i++, l++) acc[l] = fmaf(bf16_to_f32(w[i]), x[i], acc[l]);
+    return sum_lanes(acc);
 }
 
-static float dot_q8(const int8_t *w, const float *scales, int group, const float *x, int n) {
-    float sum = 0.0f;
-    for (int g = 0; g < n / group; g++) {
-        float acc[LANES] = {0};
-        const int8_t *wg = w + (size_t)g * group;
-        const float *xg = x + (size_t)g * group;
-        int i = 0;
-        for (; i + LANES <= group; i += LANES)
-            for (int l = 0; l < LANES; l++) acc[l] += (float)wg[i + l] * xg[i + l];
-        float gs = 0.0f;
-        for (int l = 0; l < LANES; l++) gs += acc[l];
-        for (; i < group; i++) gs += (float)wg[i] * xg[i];
-        sum += gs * scales[g];
+/* int8 weights x int8 activations: per group an exact integer sum, then
+ * acc[g % 8] += isum * (weight scale * activation scale). */
+static float dot_q8(const int8_t *w, const float *ws, const int8_t *xq, const float *xs, int n, int group) {
+    float acc[LANES] = {0};
+    const int ng = n / group;
+    int g = 0;
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    if (group == 32) {   /* 8 groups at a time: 8 x (32 int8 products summed by vpdpbusd) */
+        __m256 a = _mm256_setzero_ps();
+        for (; g + 8 <= ng; g += 8) {
+            __m256i d[8];
+            for (int k = 0; k < 8; k++) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (size_t)(g + k) * 32));
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (size_t)(g + k) * 32));
+                /* vpdpbusd multiplies unsigned by signed bytes: use |w| and x * sign(w) */
+                d[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+            }
+            /* lane k of s = the sum of the 8 lanes of d[k] */
+            __m256i t0 = _mm256_hadd_epi32(d[0], d[1]), t1 = _mm256_hadd_epi32(d[2], d[3]);
+            __m256i t2 = _mm256_hadd_epi32(d[4], d[5]), t3 = _mm256_hadd_epi32(d[6], d[7]);
+            __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+            __m256i s = _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+            __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(ws + g), _mm256_loadu_ps(xs + g));
+            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, a);
+        }
+        _mm256_storeu_ps(acc, a);
     }
-    return sum;
+#endif
+    for (; g < ng; g++) {
+        int32_t isum = 0;
+        for (int i = 0; i < group; i++) isum += (int32_t)w[(size_t)g * group + i] * xq[(size_t)g * group + i];
+        acc[g % 8] = fmaf((float)isum, ws[g] * xs[g], acc[g % 8]);
+    }
+    return sum_lanes(acc);
+}
+
+/* Y[t][o] = W[o] . X[t] for n tokens (rows of X and Y with strides xs, ys). Each output row is one
+ * thread's work and each token's result is the same dot product whatever n is, so the result is
+ * identical for any thread count and for prefill in batches or token by token. One weight row
+ * stays in cache while it meets all n tokens: a batch reads the weights once. */
+static void matmul(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n,
+                   int8_t *xq, float *xqs) {
+    const int rows = w->rows, cols = w->cols, G = w->group_size;
+    if (w->dtype == ZAYA_Q8)
+        for (int t = 0; t < n; t++)
+            quantize_q8(xq + (size_t)t * cols, xqs + (size_t)t * (cols / G), x + (size_t)t * xs, cols, G);
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols * n >= 65536)
+    for (int o = 0; o < rows; o++) {
+        size_t row = (size_t)o * (size_t)cols;
+        for (int t = 0; t < n; t++) {
+            float r;
+            if (w->dtype == ZAYA_F32) r = dot_f32((const float *)w->data + row, x + (size_t)t * xs, cols);
+            else if (w->dtype == ZAYA_BF16) r = dot_bf16((const uint16_t *)w->data + row, x + (size_t)t * xs, cols);
+            else r = dot_q8((const int8_t *)w->data + row, w->scales + row / (size_t)G, xq + (size_t)t * cols,
+                            xqs + (size_t)t * (cols / G), cols, G);
+            y[(size_t)t * ys + o] = r;
+        }
+    }
 }
 
 void zaya_matvec(float *y, const ZayaMatrix *w, const float *x) {
-    const int rows = w->rows, cols = w->cols;
-#pragma omp parallel for schedule(static) if (rows >= 256)
-    for (int o = 0; o < rows; o++) {
-        size_t row = (size_t)o * (size_t)cols;
-        if (w->dtype == ZAYA_F32) y[o] = dot_f32((const float *)w->data + row, x, cols);
-        else if (w->dtype == ZAYA_BF16) y[o] = dot_bf16((const uint16_t *)w->data + row, x, cols);
-        else y[o] = dot_q8((const int8_t *)w->data + row, w->scales + row / (size_t)w->group_size,
-                           w->group_size, x, cols);
+    int8_t *xq = NULL;
+    float *xqs = NULL;
+    if (w->dtype == ZAYA_Q8) {
+        xq = malloc((size_t)w->cols);
+        xqs = malloc(sizeof(float) * (size_t)(w->cols / w->group_size));
+        if (!xq || !xqs) { free(xq); free(xqs); return; }
     }
+    matmul(y, w->rows, w, x, w->cols, 1, xq, xqs);
+    free(xq);
+    free(xqs);
 }
 
 static void add_bias(float *y, const float *b, int n) {
@@ -581,8 +656,12 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t
         return fail(err, errlen, "context length %d is out of range\n  expected: 1..%d (max_position_embeddings)", ctx, c->max_position);
     const size_t H = (size_t)c->hidden_size, d = (size_t)c->head_dim, nq = (size_t)c->num_heads,
                  nkv = (size_t)c->num_kv_heads, C = (nq + nkv) * d, E = (size_t)c->num_experts,
-                 I = (size_t)c->moe_intermediate, R = (size_t)c->router_hidden, K = (size_t)conv_state_len(c);
+                 I = (size_t)c->moe_intermediate, R = (size_t)c->router_hidden, K = (size_t)conv_state_len(c),
+                 B = ZAYA_BATCH;
+    size_t max_in = H > nq * d ? H : nq * d;
+    max_in = max_in > I ? max_in : I;
     s->ctx = ctx;
+    s->batch = ZAYA_BATCH;
     s->num_layers = c->num_layers;
     s->layers = calloc((size_t)c->num_layers, sizeof(ZayaLayerState));
     int ok = s->layers != NULL;
@@ -595,19 +674,21 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t
         ls->delayed_value = calloc(nkv * d / 2, sizeof(float));
         ok = ls->key_cache && ls->value_cache && ls->conv_state && ls->delayed_value;
     }
-    float **bufs[] = {&s->x, &s->h, &s->q_tilde, &s->conv_a, &s->conv_z, &s->q_res, &s->k_res, &s->q, &s->k, &s->v,
-                      &s->vd, &s->att, &s->attn_out, &s->branch, &s->router_state, &s->router_tmp,
-                      &s->router_logits, &s->router_probs, &s->router_scores, &s->expert_hidden, &s->logits,
-                      &s->rope_cos, &s->rope_sin};
-    size_t sizes[] = {H, H, C, (size_t)c->cca_time1 * C, C, nq * d, nkv * d, nq * d, nkv * d, nkv * d,
-                      nkv * d / 2, (size_t)ctx, nq * d, H, R, 2 * R, E + 1, E + 1, E + 1, 2 * I,
-                      (size_t)c->vocab_size, d, d};
+    float **bufs[] = {&s->x, &s->h, &s->u, &s->q, &s->k, &s->v, &s->vd, &s->attn_out, &s->branch,
+                      &s->router_state, &s->router_a, &s->router_b, &s->router_logits, &s->router_probs,
+                      &s->expert_weight, &s->expert_in, &s->expert_hidden, &s->expert_out, &s->xq_scales,
+                      &s->conv_a, &s->q_res, &s->k_res, &s->att, &s->router_scores, &s->rope_cos,
+                      &s->rope_sin, &s->logits};
+    size_t sizes[] = {B * H, B * H, B * C, B * nq * d, B * nkv * d, B * nkv * d, B * nkv * d / 2, B * nq * d,
+                      B * H, B * R, B * R, B * R, B * (E + 1), B * (E + 1), B, B * H, B * 2 * I, B * H,
+                      B * max_in, (size_t)c->cca_time1 * C, nq * d, nkv * d, (size_t)ctx, E + 1, d, d,
+                      (size_t)c->vocab_size};
     for (size_t k = 0; ok && k < sizeof sizes / sizeof sizes[0]; k++) ok = (*bufs[k] = calloc(sizes[k], sizeof(float))) != NULL;
+    if (ok) ok = (s->expert = calloc(B, sizeof(int))) && (s->xq = calloc(B * max_in, 1));
     if (!ok) {
         zaya_state_free(s);
         return fail(err, errlen, "out of memory allocating the state for %d positions\n  hint: use a smaller --ctx", ctx);
     }
-    s->k_tilde = s->q_tilde + nq * d;   /* u = [q_tilde ; k_tilde] is one contiguous vector */
     zaya_state_reset(s, m);
     return 0;
 }
@@ -627,68 +708,85 @@ void zaya_state_reset(ZayaState *s, const ZayaModel *m) {
 }
 
 void zaya_state_free(ZayaState *s) {
-    if (s->layers) {
-        for (int i = 0; i < s->num_layers; i++) {
-            free(s->layers[i].key_cache);
-            free(s->layers[i].value_cache);
-            free(s->layers[i].conv_state);
-            free(s->layers[i].delayed_value);
-        }
+    for (int i = 0; s->layers && i < s->num_layers; i++) {
+        free(s->layers[i].key_cache);
+        free(s->layers[i].value_cache);
+        free(s->layers[i].conv_state);
+        free(s->layers[i].delayed_value);
     }
     free(s->layers);
-    float *bufs[] = {s->x, s->h, s->q_tilde, s->conv_a, s->conv_z, s->q_res, s->k_res, s->q, s->k, s->v, s->vd,
-                     s->att, s->attn_out, s->branch, s->router_state, s->router_tmp, s->router_logits,
-                     s->router_probs, s->router_scores, s->expert_hidden, s->logits, s->rope_cos, s->rope_sin};
+    float *bufs[] = {s->x, s->h, s->u, s->q, s->k, s->v, s->vd, s->attn_out, s->branch, s->router_state,
+                     s->router_a, s->router_b, s->router_logits, s->router_probs, s->expert_weight,
+                     s->expert_in, s->expert_hidden, s->expert_out, s->xq_scales, s->conv_a, s->q_res,
+                     s->k_res, s->att, s->router_scores, s->rope_cos, s->rope_sin, s->logits};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) free(bufs[k]);
+    free(s->expert);
+    free(s->xq);
     memset(s, 0, sizeof *s);
 }
 
 /* ---------------------------------------------------------------------------------------------
- * 5. Forward: one token at position s->pos (arch §3, HF ZayaDecoderLayer.forward per layer)
+ * 5. Forward (arch §3; HF ZayaDecoderLayer.forward per layer)
+ *
+ * A batch of n tokens at positions s->pos .. s->pos+n-1 goes through the model layer by layer.
+ * Row t of every [B, dim] scratch buffer belongs to token t. The projections are matmuls over the
+ * n rows; the steps that carry state from token to token (the CCA convolutions, the delayed value,
+ * the KV cache and attention) run token after token, in order. For a single token (decode) n = 1.
  * ------------------------------------------------------------------------------------------- */
 
 /* Reports an intermediate tensor to the tap callback, if any (--dump, --trace). */
-static void tap2(ZayaState *s, int layer, const char *name, const float *data, int d0, int d1) {
+static void tap2(ZayaState *s, int layer, int pos, const char *name, const float *data, int d0, int d1) {
     if (!s->tap) return;
-    ZayaTap t = {name, layer, 0, d1 ? 2 : 1, {d0, d1}, data};
+    ZayaTap t = {name, layer, pos, 0, d1 ? 2 : 1, {d0, d1}, data};
     s->tap(s->tap_ctx, &t);
 }
-#define TAP(layer, name, data, n) tap2(s, layer, name, data, n, 0)
+#define TAP(layer, pos, name, data, n) tap2(s, layer, pos, name, data, n, 0)
 
-/* 3.3-3.5: CCA. q_tilde, k_tilde -> two causal convolutions over [u_{t-K} .. u_t] -> q, k. */
-static void cca_qk(const ZayaConfig *c, const ZayaLayer *L, ZayaLayerState *ls, ZayaState *s, int layer) {
+/* matmul with the state's scratch for quantized activations */
+#define MATMUL(y, ys, w, x, xs, n) matmul(y, ys, w, x, xs, n, s->xq, s->xq_scales)
+
+/* 3.4-3.5 for one token: the two causal convolutions over [u_{t-K} .. u_t] and the residual mix.
+ * u_t = [q_tilde ; k_tilde] (q_proj and k_proj outputs); writes q and k. */
+static void cca_qk(const ZayaConfig *c, const ZayaLayer *L, ZayaLayerState *ls, ZayaState *s, int layer, int pos,
+                   const float *u_t, float *q, float *k) {
     const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, g = nq / nkv, C = (nq + nkv) * d;
     const int t0 = c->cca_time0, t1 = c->cca_time1, K = conv_state_len(c);
-    const float *u_t = s->q_tilde;                        /* u_t = [q_tilde ; k_tilde], C channels */
+    const float *q_tilde = u_t, *k_tilde = u_t + (size_t)nq * d;
     /* window[j] = u_{t-K+j}: the K raw columns from the conv state, then u_t */
 #define WINDOW(j) ((j) < K ? ls->conv_state + (size_t)(j) * C : u_t)
 
     /* depthwise conv (conv_qk_depthwise, kernel t0): a_s for s = t-t1+1 .. t (a_s at row k = s-t+t1-1).
      * a_s[c] = b0[c] + sum_m w0[c,0,m] * u_{s-t0+1+m}[c]; zero-padded u gives a_{<0} = b0, not 0. */
-    for (int k = 0; k < t1; k++) {
-        float *a = s->conv_a + (size_t)k * C;
+    for (int kk = 0; kk < t1; kk++) {
+        float *a = s->conv_a + (size_t)kk * C;
         for (int ch = 0; ch < C; ch++) {
             float sum = L->conv_qk_depthwise_bias[ch];
-            for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * WINDOW(k + m)[ch];
+            for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * WINDOW(kk + m)[ch];
             a[ch] = sum;
         }
     }
 #undef WINDOW
-    TAP(layer, "self_attn.qkv_proj.conv_qk_depthwise", s->conv_a + (size_t)(t1 - 1) * C, C);
+    TAP(layer, pos, "self_attn.qkv_proj.conv_qk_depthwise", s->conv_a + (size_t)(t1 - 1) * C, C);
 
     /* grouped conv (conv_qk_grouped, kernel t1, one group of d channels per head):
-     * z_t[o] = b1[o] + sum_k sum_j w1[o,j,k] * a_{t-t1+1+k}[head(o)*d + j] */
+     * z_t[o] = b1[o] + sum_k sum_j w1[o,j,k] * a_{t-t1+1+k}[head(o)*d + j]; z goes straight into q, k */
     for (int o = 0; o < C; o++) {
         const int head = o / d;
         float sum = L->conv_qk_grouped_bias[o];
-        for (int k = 0; k < t1; k++) {
-            const float *a = s->conv_a + (size_t)k * C + (size_t)head * d;
-            const float *w = L->conv_qk_grouped_weight + (size_t)o * d * t1 + k;
+        for (int kk = 0; kk < t1; kk++) {
+            const float *a = s->conv_a + (size_t)kk * C + (size_t)head * d;
+            const float *w = L->conv_qk_grouped_weight + (size_t)o * d * t1 + kk;
             for (int j = 0; j < d; j++) sum += w[(size_t)j * t1] * a[j];
         }
-        s->conv_z[o] = sum;
+        if (o < nq * d) q[o] = sum;
+        else k[o - nq * d] = sum;
     }
-    TAP(layer, "self_attn.qkv_proj.conv_qk_grouped", s->conv_z, C);
+    if (s->tap) {   /* the grouped conv output z_t is [q ; k] before the residual mix */
+        float *z = s->conv_a;   /* conv_a is free again: reuse it to hand z to the tap */
+        memcpy(z, q, sizeof(float) * (size_t)nq * d);
+        memcpy(z + (size_t)nq * d, k, sizeof(float) * (size_t)nkv * d);
+        TAP(layer, pos, "self_attn.qkv_proj.conv_qk_grouped", z, C);
+    }
 
     /* shift the conv state: drop u_{t-K}, append u_t (raw, pre-conv) */
     if (K > 0) {
@@ -699,20 +797,20 @@ static void cca_qk(const ZayaConfig *c, const ZayaLayer *L, ZayaLayerState *ls, 
     /* residual mix: q_res[n] = (q_tilde[n] + k_tilde[n/g]) * 0.5; k_res[j] = mean of q_res over its g heads */
     for (int n = 0; n < nq; n++)
         for (int i = 0; i < d; i++)
-            s->q_res[n * d + i] = (s->q_tilde[n * d + i] + s->k_tilde[(n / g) * d + i]) * 0.5f;
+            s->q_res[n * d + i] = (q_tilde[n * d + i] + k_tilde[(n / g) * d + i]) * 0.5f;
     for (int j = 0; j < nkv; j++)
         for (int i = 0; i < d; i++) {
             float sum = 0.0f;
             for (int r = 0; r < g; r++) sum += s->q_res[(j * g + r) * d + i];
             s->k_res[j * d + i] = sum / (float)g;
         }
-    tap2(s, layer, "self_attn.qkv_proj:query_residual", s->q_res, nq, d);
-    tap2(s, layer, "self_attn.qkv_proj:key_residual", s->k_res, nkv, d);
+    tap2(s, layer, pos, "self_attn.qkv_proj:query_residual", s->q_res, nq, d);
+    tap2(s, layer, pos, "self_attn.qkv_proj:key_residual", s->k_res, nkv, d);
 
-    for (int i = 0; i < nq * d; i++) s->q[i] = s->conv_z[i] + s->q_res[i];
-    for (int i = 0; i < nkv * d; i++) s->k[i] = s->conv_z[nq * d + i] + s->k_res[i];
-    tap2(s, layer, "self_attn.qkv_proj:query", s->q, nq, d);
-    tap2(s, layer, "self_attn.qkv_proj:key", s->k, nkv, d);
+    for (int i = 0; i < nq * d; i++) q[i] += s->q_res[i];
+    for (int i = 0; i < nkv * d; i++) k[i] += s->k_res[i];
+    tap2(s, layer, pos, "self_attn.qkv_proj:query", q, nq, d);
+    tap2(s, layer, pos, "self_attn.qkv_proj:key", k, nkv, d);
 }
 
 /* 3.7: L2-normalize each head to norm sqrt(d) (clamped at FLT_EPSILON); keys also times temp[j]
@@ -722,13 +820,13 @@ static void qk_norm(float *x, int heads, int d, const float *temp) {
     for (int n = 0; n < heads; n++) {
         float *v = x + (size_t)n * d, ss = 0.0f;
         for (int i = 0; i < d; i++) ss += v[i] * v[i];
-        float norm = fmaxf(sqrtf(ss), FLT_EPSILON);
-        float scale = sqrt_d / norm;
+        float scale = sqrt_d / fmaxf(sqrtf(ss), FLT_EPSILON);
         for (int i = 0; i < d; i++) v[i] = v[i] * scale * (temp ? temp[n] : 1.0f);
     }
 }
 
-/* 3.8: partial NeoX RoPE on dims [0, rot) of every head, pairs (j, j + rot/2). */
+/* 3.8: partial NeoX RoPE on dims [0, rot) of every head, pairs (j, j + rot/2)
+ * (HF ZayaRotaryEmbedding + apply_rotary_pos_emb; inv_freq and angles in float32). */
 static void rope_tables(float *cos_t, float *sin_t, int pos, int rot, float theta) {
     for (int j = 0; j < rot / 2; j++) {
         float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)rot);
@@ -750,15 +848,16 @@ static void rope(float *x, int heads, int d, int rot, const float *cos_t, const 
     }
 }
 
-/* 3.9: causal attention over the KV cache; query head n uses KV head n / g. Sliding layers see
- * the last `sliding_window` positions including the current one. */
-static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *s, int layer, int pos) {
+/* 3.9: causal attention of one token over the KV cache; query head n uses KV head n / g. Sliding
+ * layers see the last `sliding_window` positions including the current one. */
+static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *s, int layer, int pos,
+                      const float *q_all, float *out) {
     const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, g = nq / nkv;
     const int first = c->layer_types[layer] == ZAYA_HYBRID_SLIDING && pos - c->sliding_window + 1 > 0
                           ? pos - c->sliding_window + 1 : 0;
     const float scale = 1.0f / sqrtf((float)d);    /* HF: scaling = head_dim ** -0.5 */
     for (int n = 0; n < nq; n++) {
-        const float *q = s->q + (size_t)n * d;
+        const float *q = q_all + (size_t)n * d;
         const int kvh = n / g;
         for (int t = first; t <= pos; t++) {
             const float *k = ls->key_cache + ((size_t)(t % ls->cache_len) * nkv + kvh) * d;
@@ -767,7 +866,7 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
             s->att[t - first] = dot * scale;
         }
         softmax(s->att, pos - first + 1);
-        float *o = s->attn_out + (size_t)n * d;
+        float *o = out + (size_t)n * d;
         memset(o, 0, (size_t)d * sizeof(float));
         for (int t = first; t <= pos; t++) {
             const float *v = ls->value_cache + ((size_t)(t % ls->cache_len) * nkv + kvh) * d;
@@ -777,149 +876,222 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
     }
 }
 
-/* 3.2-3.11: the attention half of layer `layer`; updates the residual stream s->x. */
-static void attention_block(const ZayaModel *m, ZayaState *s, int layer) {
+/* 3.2-3.11: the attention half of layer `layer` for n tokens; updates the residual stream s->x. */
+static void attention_block(const ZayaModel *m, ZayaState *s, int layer, int n) {
     const ZayaConfig *c = &m->config;
     const ZayaLayer *L = &m->layers[layer];
     ZayaLayerState *ls = &s->layers[layer];
-    const int H = c->hidden_size, d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, pos = s->pos;
+    const int H = c->hidden_size, d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads;
+    const int C = (nq + nkv) * d, vhalf = nkv * d / 2;
     const int type = c->layer_types[layer], rot = c->rope_dim[type];
 
-    rmsnorm(s->h, s->x, L->input_layernorm, H, c->rms_norm_eps);               /* input_layernorm */
-    TAP(layer, "input_layernorm", s->h, H);
+    for (int t = 0; t < n; t++) {                                               /* input_layernorm */
+        rmsnorm(s->h + (size_t)t * H, s->x + (size_t)t * H, L->input_layernorm, H, c->rms_norm_eps);
+        TAP(layer, s->pos + t, "input_layernorm", s->h + (size_t)t * H, H);
+    }
+    MATMUL(s->u, C, &L->q_proj, s->h, H, n);                                    /* qkv_proj.q_proj -> u[:nq*d] */
+    MATMUL(s->u + (size_t)nq * d, C, &L->k_proj, s->h, H, n);                   /* qkv_proj.k_proj -> u[nq*d:] */
+    MATMUL(s->v, nkv * d, &L->v_proj_current, s->h, H, n);                      /* v_proj_current -> v[:vhalf] */
+    MATMUL(s->vd, vhalf, &L->v_proj_delayed, s->h, H, n);                       /* v_proj_delayed */
 
-    zaya_matvec(s->q_tilde, &L->q_proj, s->h);                                  /* qkv_proj.q_proj */
-    zaya_matvec(s->k_tilde, &L->k_proj, s->h);                                  /* qkv_proj.k_proj */
-    TAP(layer, "self_attn.qkv_proj.q_proj", s->q_tilde, nq * d);
-    TAP(layer, "self_attn.qkv_proj.k_proj", s->k_tilde, nkv * d);
-    cca_qk(c, L, ls, s, layer);                                                  /* convs + residual mix */
+    for (int t = 0; t < n; t++) {       /* token after token: conv state, delayed value, KV cache */
+        const int pos = s->pos + t;
+        const float *u = s->u + (size_t)t * C;
+        float *q = s->q + (size_t)t * nq * d, *k = s->k + (size_t)t * nkv * d, *v = s->v + (size_t)t * nkv * d;
+        TAP(layer, pos, "self_attn.qkv_proj.q_proj", u, nq * d);
+        TAP(layer, pos, "self_attn.qkv_proj.k_proj", u + (size_t)nq * d, nkv * d);
+        cca_qk(c, L, ls, s, layer, pos, u, q, k);                                /* CCA convs + residual mix */
 
-    /* 3.6 values: KV heads [0, nkv/2) = v_proj_current(h_t), [nkv/2, nkv) = v_proj_delayed(h_{t-1}) */
-    const int vhalf = nkv * d / 2;
-    zaya_matvec(s->v, &L->v_proj_current, s->h);
-    zaya_matvec(s->vd, &L->v_proj_delayed, s->h);
-    TAP(layer, "self_attn.qkv_proj.v_proj_current", s->v, vhalf);
-    TAP(layer, "self_attn.qkv_proj.v_proj_delayed", s->vd, vhalf);
-    memcpy(s->v + vhalf, ls->delayed_value, (size_t)vhalf * sizeof(float));
-    memcpy(ls->delayed_value, s->vd, (size_t)vhalf * sizeof(float));
-    tap2(s, layer, "self_attn.qkv_proj:value", s->v, nkv, d);
+        /* 3.6 values: KV heads [0, nkv/2) = v_proj_current(h_t), [nkv/2, nkv) = v_proj_delayed(h_{t-1}) */
+        TAP(layer, pos, "self_attn.qkv_proj.v_proj_current", v, vhalf);
+        TAP(layer, pos, "self_attn.qkv_proj.v_proj_delayed", s->vd + (size_t)t * vhalf, vhalf);
+        memcpy(v + vhalf, ls->delayed_value, (size_t)vhalf * sizeof(float));
+        memcpy(ls->delayed_value, s->vd + (size_t)t * vhalf, (size_t)vhalf * sizeof(float));
+        tap2(s, layer, pos, "self_attn.qkv_proj:value", v, nkv, d);
 
-    qk_norm(s->q, nq, d, NULL);                                                 /* qk_norm */
-    qk_norm(s->k, nkv, d, L->qk_norm_temp);
-    tap2(s, layer, "self_attn.qk_norm:query", s->q, nq, d);
-    tap2(s, layer, "self_attn.qk_norm:key", s->k, nkv, d);
+        qk_norm(q, nq, d, NULL);                                                 /* qk_norm */
+        qk_norm(k, nkv, d, L->qk_norm_temp);
+        tap2(s, layer, pos, "self_attn.qk_norm:query", q, nq, d);
+        tap2(s, layer, pos, "self_attn.qk_norm:key", k, nkv, d);
 
-    rope_tables(s->rope_cos, s->rope_sin, pos, rot, c->rope_theta[type]);      /* rotary_emb */
-    rope(s->q, nq, d, rot, s->rope_cos, s->rope_sin);
-    rope(s->k, nkv, d, rot, s->rope_cos, s->rope_sin);
-    tap2(s, layer, "self_attn:query_after_rope", s->q, nq, d);
-    tap2(s, layer, "self_attn:key_after_rope", s->k, nkv, d);
+        rope_tables(s->rope_cos, s->rope_sin, pos, rot, c->rope_theta[type]);   /* rotary_emb */
+        rope(q, nq, d, rot, s->rope_cos, s->rope_sin);
+        rope(k, nkv, d, rot, s->rope_cos, s->rope_sin);
+        tap2(s, layer, pos, "self_attn:query_after_rope", q, nq, d);
+        tap2(s, layer, pos, "self_attn:key_after_rope", k, nkv, d);
 
-    const size_t row = (size_t)(pos % ls->cache_len) * nkv * d;                /* append to the KV cache */
-    memcpy(ls->key_cache + row, s->k, (size_t)nkv * d * sizeof(float));
-    memcpy(ls->value_cache + row, s->v, (size_t)nkv * d * sizeof(float));
-    attention(c, ls, s, layer, pos);
-    TAP(layer, "self_attn:attn_output", s->attn_out, nq * d);
+        const size_t row = (size_t)(pos % ls->cache_len) * nkv * d;             /* append to the KV cache */
+        memcpy(ls->key_cache + row, k, (size_t)nkv * d * sizeof(float));
+        memcpy(ls->value_cache + row, v, (size_t)nkv * d * sizeof(float));
+        attention(c, ls, s, layer, pos, q, s->attn_out + (size_t)t * nq * d);
+        TAP(layer, pos, "self_attn:attn_output", s->attn_out + (size_t)t * nq * d, nq * d);
+    }
 
-    zaya_matvec(s->branch, &L->o_proj, s->attn_out);                           /* o_proj */
-    TAP(layer, "self_attn.o_proj", s->branch, H);
-    residual_scale(s->x, s->branch, &L->post_attention_residual_scale, H);     /* post_attention_residual_scale */
-    TAP(layer, "post_attention_residual_scale", s->x, H);
+    MATMUL(s->branch, H, &L->o_proj, s->attn_out, nq * d, n);                   /* o_proj */
+    for (int t = 0; t < n; t++) {                                               /* post_attention_residual_scale */
+        TAP(layer, s->pos + t, "self_attn.o_proj", s->branch + (size_t)t * H, H);
+        residual_scale(s->x + (size_t)t * H, s->branch + (size_t)t * H, &L->post_attention_residual_scale, H);
+        TAP(layer, s->pos + t, "post_attention_residual_scale", s->x + (size_t)t * H, H);
+    }
 }
 
-/* 3.12-3.15: the MoE half: router (with the EDA state flowing from the previous layer), one expert
- * or the skip class, residual merge. */
-static void moe_block(const ZayaModel *m, ZayaState *s, int layer) {
+/* 3.13 router for n tokens: down_proj, EDA (the state flows from the previous layer), router MLP,
+ * softmax over E+1 classes, top-1 of the biased scores. Fills s->expert and s->expert_weight. */
+static void router(const ZayaModel *m, ZayaState *s, int layer, int n) {
     const ZayaConfig *c = &m->config;
     const ZayaLayer *L = &m->layers[layer];
-    const int H = c->hidden_size, R = c->router_hidden, E = c->num_experts, I = c->moe_intermediate;
+    const int H = c->hidden_size, R = c->router_hidden, E = c->num_experts;
+    float *a = s->router_a, *b = s->router_b;
 
-    rmsnorm(s->h, s->x, L->post_attention_layernorm, H, c->rms_norm_eps);      /* post_attention_layernorm */
-    TAP(layer, "post_attention_layernorm", s->h, H);
-
-    /* router: rho = down_proj h2 + b; EDA from layer 1 on: rho += rho_prev * router_states_scale */
-    float *rho = s->router_state, *tmp = s->router_tmp, *tmp2 = s->router_tmp + R;
-    zaya_matvec(tmp, &L->router_down_proj, s->h);
-    add_bias(tmp, L->router_down_proj_bias, R);
-    TAP(layer, "mlp.gate.down_proj", tmp, R);
-    for (int i = 0; i < R; i++) rho[i] = L->router_states_scale ? tmp[i] + rho[i] * L->router_states_scale[i] : tmp[i];
-    TAP(layer, "mlp.gate:router_state", rho, R);             /* handed on to layer + 1 */
-    rmsnorm(tmp, rho, L->router_norm, R, c->rms_norm_eps);                       /* router_mlp.norm */
-    TAP(layer, "mlp.gate.router_mlp.norm", tmp, R);
-    zaya_matvec(tmp2, &L->router_fc1, tmp);                                      /* router_mlp.fc1 + GELU */
-    add_bias(tmp2, L->router_fc1_bias, R);
-    TAP(layer, "mlp.gate.router_mlp.fc1", tmp2, R);
-    for (int i = 0; i < R; i++) tmp2[i] = gelu(tmp2[i]);
-    zaya_matvec(tmp, &L->router_fc2, tmp2);                                      /* router_mlp.fc2 + GELU */
-    add_bias(tmp, L->router_fc2_bias, R);
-    TAP(layer, "mlp.gate.router_mlp.fc2", tmp, R);
-    for (int i = 0; i < R; i++) tmp[i] = gelu(tmp[i]);
-    zaya_matvec(s->router_logits, &L->router_out_proj, tmp);                     /* router_mlp.out_proj */
-    TAP(layer, "mlp.gate.router_mlp", s->router_logits, E + 1);
-    memcpy(s->router_probs, s->router_logits, (size_t)(E + 1) * sizeof(float));
-    softmax(s->router_probs, E + 1);                                             /* over all E+1 classes */
-    TAP(layer, "mlp.gate:router_probs", s->router_probs, E + 1);
-
-    /* top-1 on the biased scores (ties: lowest index); the weight is the unbiased probability */
-    int best = 0;
-    for (int e = 0; e <= E; e++) {
-        s->router_scores[e] = s->router_probs[e] + L->balancing_biases[e];
-        if (s->router_scores[e] > s->router_scores[best]) best = e;
+    MATMUL(a, R, &L->router_down_proj, s->h, H, n);                             /* mlp.gate.down_proj */
+    for (int t = 0; t < n; t++) {
+        float *at = a + (size_t)t * R, *rho = s->router_state + (size_t)t * R;
+        add_bias(at, L->router_down_proj_bias, R);
+        TAP(layer, s->pos + t, "mlp.gate.down_proj", at, R);
+        /* EDA from layer 1 on: rho = down_proj + rho_prev * router_states_scale (handed to layer+1) */
+        for (int i = 0; i < R; i++) rho[i] = L->router_states_scale ? at[i] + rho[i] * L->router_states_scale[i] : at[i];
+        TAP(layer, s->pos + t, "mlp.gate:router_state", rho, R);
+        rmsnorm(b + (size_t)t * R, rho, L->router_norm, R, c->rms_norm_eps);     /* router_mlp.norm */
+        TAP(layer, s->pos + t, "mlp.gate.router_mlp.norm", b + (size_t)t * R, R);
     }
-    TAP(layer, "mlp.gate:router_scores", s->router_scores, E + 1);
-    if (s->tap) {
-        ZayaTap t = {"mlp.gate.router_indices", layer, 1, 0, {0, 0}, &best};
-        s->tap(s->tap_ctx, &t);
+    MATMUL(a, R, &L->router_fc1, b, R, n);                                      /* router_mlp.fc1 + GELU */
+    for (int t = 0; t < n; t++) {
+        float *at = a + (size_t)t * R;
+        add_bias(at, L->router_fc1_bias, R);
+        TAP(layer, s->pos + t, "mlp.gate.router_mlp.fc1", at, R);
+        for (int i = 0; i < R; i++) at[i] = gelu(at[i]);
     }
-    float weight = s->router_probs[best];
+    MATMUL(b, R, &L->router_fc2, a, R, n);                                      /* router_mlp.fc2 + GELU */
+    for (int t = 0; t < n; t++) {
+        float *bt = b + (size_t)t * R;
+        add_bias(bt, L->router_fc2_bias, R);
+        TAP(layer, s->pos + t, "mlp.gate.router_mlp.fc2", bt, R);
+        for (int i = 0; i < R; i++) bt[i] = gelu(bt[i]);
+    }
+    MATMUL(s->router_logits, E + 1, &L->router_out_proj, b, R, n);              /* router_mlp.out_proj */
+    for (int t = 0; t < n; t++) {
+        const int pos = s->pos + t;
+        float *logits = s->router_logits + (size_t)t * (E + 1), *probs = s->router_probs + (size_t)t * (E + 1);
+        TAP(layer, pos, "mlp.gate.router_mlp", logits, E + 1);
+        memcpy(probs, logits, (size_t)(E + 1) * sizeof(float));
+        softmax(probs, E + 1);                                                   /* over all E+1 classes */
+        TAP(layer, pos, "mlp.gate:router_probs", probs, E + 1);
+        /* top-1 on the biased scores (ties: lowest index); the weight is the unbiased probability */
+        int best = 0;
+        for (int e = 0; e <= E; e++) {
+            s->router_scores[e] = probs[e] + L->balancing_biases[e];
+            if (s->router_scores[e] > s->router_scores[best]) best = e;
+        }
+        TAP(layer, pos, "mlp.gate:router_scores", s->router_scores, E + 1);
+        if (s->tap) {
+            ZayaTap tp = {"mlp.gate.router_indices", layer, pos, 1, 0, {0, 0}, &best};
+            s->tap(s->tap_ctx, &tp);
+        }
+        s->expert[t] = best;
+        s->expert_weight[t] = probs[best];
+    }
+}
 
-    if (best < E) {                                                              /* experts (SwiGLU) */
-        ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, best * 2 * I, 2 * I);
-        ZayaMatrix down = matrix_rows(&L->experts_down, best * H, H);
-        zaya_matvec(s->expert_hidden, &gate_up, s->h);
-        float *gate = s->expert_hidden, *up = s->expert_hidden + I;
-        for (int i = 0; i < I; i++) gate[i] = silu(gate[i]) * up[i];
-        zaya_matvec(s->branch, &down, gate);
-        for (int i = 0; i < H; i++) s->branch[i] *= weight;
-    } else if (s->skip_expert == ZAYA_SKIP_PASSTHROUGH) {                      /* Zyphra fork: P[skip] * h2 */
-        for (int i = 0; i < H; i++) s->branch[i] = weight * s->h[i];
-    } else {                                                                     /* upstream: zero output */
-        weight = 0.0f;
-        memset(s->branch, 0, (size_t)H * sizeof(float));
+/* 3.12-3.15: the MoE half for n tokens: router, then each chosen expert once for all its tokens
+ * (SwiGLU), or the skip class; then the residual merge. */
+static void moe_block(const ZayaModel *m, ZayaState *s, int layer, int n) {
+    const ZayaConfig *c = &m->config;
+    const ZayaLayer *L = &m->layers[layer];
+    const int H = c->hidden_size, E = c->num_experts, I = c->moe_intermediate;
+
+    for (int t = 0; t < n; t++) {                                               /* post_attention_layernorm */
+        rmsnorm(s->h + (size_t)t * H, s->x + (size_t)t * H, L->post_attention_layernorm, H, c->rms_norm_eps);
+        TAP(layer, s->pos + t, "post_attention_layernorm", s->h + (size_t)t * H, H);
     }
-    tap2(s, layer, "mlp.gate:router_weight", &weight, 1, 0);
-    TAP(layer, "mlp.experts", s->branch, H);
-    residual_scale(s->x, s->branch, &L->post_mlp_residual_scale, H);           /* post_mlp_residual_scale */
-    TAP(layer, "post_mlp_residual_scale", s->x, H);
+    router(m, s, layer, n);
+
+    for (int e = 0; e < E; e++) {                                                /* experts (SwiGLU) */
+        int idx[ZAYA_BATCH], cnt = 0;   /* the tokens routed to expert e, gathered into expert_in */
+        for (int t = 0; t < n; t++)
+            if (s->expert[t] == e) {
+                memcpy(s->expert_in + (size_t)cnt * H, s->h + (size_t)t * H, sizeof(float) * (size_t)H);
+                idx[cnt++] = t;
+            }
+        if (!cnt) continue;             /* only the chosen experts' weights are read */
+        ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, e * 2 * I, 2 * I);
+        ZayaMatrix down = matrix_rows(&L->experts_down, e * H, H);
+        MATMUL(s->expert_hidden, 2 * I, &gate_up, s->expert_in, H, cnt);        /* gate = rows 0..I-1, up = I..2I-1 */
+        for (int j = 0; j < cnt; j++) {
+            float *gate = s->expert_hidden + (size_t)j * 2 * I, *up = gate + I;
+            for (int i = 0; i < I; i++) gate[i] = silu(gate[i]) * up[i];
+        }
+        MATMUL(s->expert_out, H, &down, s->expert_hidden, 2 * I, cnt);
+        for (int j = 0; j < cnt; j++)                                            /* y = weight * down(...) */
+            for (int i = 0; i < H; i++)
+                s->branch[(size_t)idx[j] * H + i] = s->expert_weight[idx[j]] * s->expert_out[(size_t)j * H + i];
+    }
+    for (int t = 0; t < n; t++) {
+        float *y = s->branch + (size_t)t * H;
+        if (s->expert[t] == E) {            /* the skip class (arch §6a) */
+            if (s->skip_expert == ZAYA_SKIP_PASSTHROUGH)                         /* Zyphra fork: P[skip] * h2 */
+                for (int i = 0; i < H; i++) y[i] = s->expert_weight[t] * s->h[(size_t)t * H + i];
+            else {                                                               /* upstream: zero output */
+                s->expert_weight[t] = 0.0f;
+                memset(y, 0, (size_t)H * sizeof(float));
+            }
+        }
+        if (s->tap) {
+            ZayaTap tw = {"mlp.gate:router_weight", layer, s->pos + t, 0, 0, {0, 0}, &s->expert_weight[t]};
+            s->tap(s->tap_ctx, &tw);
+        }
+        TAP(layer, s->pos + t, "mlp.experts", y, H);
+        residual_scale(s->x + (size_t)t * H, y, &L->post_mlp_residual_scale, H);  /* post_mlp_residual_scale */
+        TAP(layer, s->pos + t, "post_mlp_residual_scale", s->x + (size_t)t * H, H);
+    }
+}
+
+/* n <= ZAYA_BATCH tokens through the whole model (ids already checked). */
+static void forward_batch(const ZayaModel *m, ZayaState *s, const int *tokens, int n) {
+    const ZayaConfig *c = &m->config;
+    const int H = c->hidden_size;
+    for (int t = 0; t < n; t++) {
+        /* 3.1 embedding and input scaling: r = (e + bias) * scale (no sqrt(H) factor) */
+        float *e = s->h + (size_t)t * H, *x = s->x + (size_t)t * H;
+        matrix_row(&m->embed_tokens, tokens[t], e);
+        TAP(-1, s->pos + t, "model.embed_tokens", e, H);
+        for (int i = 0; i < H; i++) x[i] = (e[i] + m->input_hidden_states_bias[i]) * m->input_hidden_states_scale[i];
+        TAP(-1, s->pos + t, "model:input_scaled", x, H);
+    }
+    for (int layer = 0; layer < c->num_layers; layer++) {
+        attention_block(m, s, layer, n);
+        moe_block(m, s, layer, n);
+    }
+    /* 3.16 final norm and the tied LM head over all vocab_size rows: for the last token only,
+     * unless a tap wants every position's logits */
+    for (int t = 0; t < n; t++) {
+        float *f = s->h + (size_t)t * H;
+        rmsnorm(f, s->x + (size_t)t * H, m->norm, H, c->rms_norm_eps);
+        TAP(-1, s->pos + t, "model.norm", f, H);
+        if (t == n - 1 || s->tap) {
+            MATMUL(s->logits, c->vocab_size, &m->embed_tokens, f, H, 1);
+            TAP(-1, s->pos + t, "logits", s->logits, c->vocab_size);
+        }
+    }
+    s->pos += n;
+}
+
+int zaya_prefill(const ZayaModel *m, ZayaState *s, const int *tokens, int n, char *err, size_t errlen) {
+    const ZayaConfig *c = &m->config;
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
+            return fail(err, errlen, "token id %d (position %d) is outside the vocabulary\n  expected: 0..%d",
+                        tokens[t], s->pos + t, c->vocab_size - 1);
+    if (n > s->ctx - s->pos)
+        return fail(err, errlen, "context is full: %d positions used of %d, %d more needed\n  hint: start a new conversation or raise --ctx (max %d)",
+                    s->pos, s->ctx, n, c->max_position);
+    const int batch = s->batch >= 1 && s->batch <= ZAYA_BATCH ? s->batch : ZAYA_BATCH;
+    for (int done = 0; done < n; done += batch)
+        forward_batch(m, s, tokens + done, n - done < batch ? n - done : batch);
+    return 0;
 }
 
 int zaya_forward(const ZayaModel *m, ZayaState *s, int token, char *err, size_t errlen) {
-    const ZayaConfig *c = &m->config;
-    const int H = c->hidden_size;
-    if (token < 0 || token >= c->vocab_size)
-        return fail(err, errlen, "token id %d is outside the vocabulary\n  expected: 0..%d", token, c->vocab_size - 1);
-    if (s->pos >= s->ctx)
-        return fail(err, errlen, "context is full: %d positions used of %d\n  hint: start a new conversation or raise --ctx (max %d)",
-                    s->pos, s->ctx, c->max_position);
-
-    /* 3.1 embedding and input scaling: r = (e + bias) * scale (no sqrt(H) factor) */
-    matrix_row(&m->embed_tokens, token, s->h);
-    TAP(-1, "model.embed_tokens", s->h, H);
-    for (int i = 0; i < H; i++) s->x[i] = (s->h[i] + m->input_hidden_states_bias[i]) * m->input_hidden_states_scale[i];
-    TAP(-1, "model:input_scaled", s->x, H);
-
-    for (int layer = 0; layer < c->num_layers; layer++) {
-        attention_block(m, s, layer);
-        moe_block(m, s, layer);
-    }
-
-    /* 3.16 final norm and the tied LM head over all vocab_size rows */
-    rmsnorm(s->h, s->x, m->norm, H, c->rms_norm_eps);
-    TAP(-1, "model.norm", s->h, H);
-    zaya_matvec(s->logits, &m->embed_tokens, s->h);
-    TAP(-1, "logits", s->logits, c->vocab_size);
-    s->pos++;
-    return 0;
+    return zaya_prefill(m, s, &token, 1, err, errlen);
 }
 
 void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void *ctx) {
@@ -927,8 +1099,8 @@ void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void 
     const int d = c->head_dim, nkv = c->num_kv_heads, C = (c->num_heads + nkv) * d, K = conv_state_len(c);
     for (int i = 0; i < c->num_layers; i++) {
         const ZayaLayerState *ls = &s->layers[i];
-        ZayaTap conv = {"self_attn.qkv_proj:conv_state", i, 0, 2, {K, C}, ls->conv_state};
-        ZayaTap dv = {"self_attn.qkv_proj:delayed_value_state", i, 0, 1, {nkv * d / 2, 0}, ls->delayed_value};
+        ZayaTap conv = {"self_attn.qkv_proj:conv_state", i, -1, 0, 2, {K, C}, ls->conv_state};
+        ZayaTap dv = {"self_attn.qkv_proj:delayed_value_state", i, -1, 0, 1, {nkv * d / 2, 0}, ls->delayed_value};
         if (K > 0) fn(ctx, &conv);
         fn(ctx, &dv);
         /* the KV cache in position order (a sliding layer's ring buffer is unrolled) */
@@ -940,8 +1112,8 @@ void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void 
                 memcpy(kc + (size_t)r * nkv * d, ls->key_cache + (size_t)(p % ls->cache_len) * nkv * d, sizeof(float) * (size_t)nkv * d);
                 memcpy(vc + (size_t)r * nkv * d, ls->value_cache + (size_t)(p % ls->cache_len) * nkv * d, sizeof(float) * (size_t)nkv * d);
             }
-            ZayaTap kt = {"self_attn:key_cache", i, 0, 2, {n, nkv * d}, kc};
-            ZayaTap vt = {"self_attn:value_cache", i, 0, 2, {n, nkv * d}, vc};
+            ZayaTap kt = {"self_attn:key_cache", i, -1, 0, 2, {n, nkv * d}, kc};
+            ZayaTap vt = {"self_attn:value_cache", i, -1, 0, 2, {n, nkv * d}, vc};
             fn(ctx, &kt);
             fn(ctx, &vt);
         }
@@ -1202,6 +1374,7 @@ static void usage(FILE *f) {
           "  --skip-expert zero|passthrough   skip-expert output: upstream zero (default) or Zyphra fork\n"
           "  --ctx N            context length (default min(4096, max_position_embeddings))\n"
           "  --threads N        OpenMP threads (results are identical for any number)\n"
+          "  --batch N          prompt tokens per batch, 1..64 (default 64; results are identical)\n"
           "  --verify           check every tensor's CRC-32 at load\n"
           "Inspection:\n"
           "  --dump DIR         write every intermediate tensor (HF module paths) as .npy + index.json\n"
@@ -1266,7 +1439,7 @@ static float parse_float(const char *flag, const char *v, float lo, float hi) {
 
 typedef struct {
     const char *model_path, *prompt, *ids, *dump_dir, *dump_filter, *system_prompt, *decode_ids, *mode;
-    int steps, steps_given, print_ids, skip_expert, ctx, threads, verify, list_taps, encode, no_think;
+    int steps, steps_given, print_ids, skip_expert, ctx, threads, batch, verify, list_taps, encode, no_think;
     int trace_pos, trace_layer;
     float temperature, topp;
     uint64_t seed;
@@ -1300,7 +1473,7 @@ static Options parse_args(int argc, char **argv) {
             continue;
         }
         static const char *with_value[] = {"-i", "--ids", "-n", "-t", "-p", "-s", "-m", "-y", "--skip-expert", "--ctx",
-                                           "--threads", "--dump", "--dump-filter", "--trace", "--trace-layer",
+                                           "--threads", "--batch", "--dump", "--dump-filter", "--trace", "--trace-layer",
                                            "--decode", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
@@ -1323,6 +1496,7 @@ static Options parse_args(int argc, char **argv) {
             else die("bad value for --skip-expert: \"%s\"\n  expected: zero (upstream transformers/vLLM) or passthrough (Zyphra's fork)", v);
         } else if (!strcmp(a, "--ctx")) o.ctx = (int)parse_int(a, v, 1, 1 << 30);
         else if (!strcmp(a, "--threads")) o.threads = (int)parse_int(a, v, 1, 1024);
+        else if (!strcmp(a, "--batch")) o.batch = (int)parse_int(a, v, 1, ZAYA_BATCH);
         else if (!strcmp(a, "--dump")) o.dump_dir = v;
         else if (!strcmp(a, "--dump-filter")) o.dump_filter = v;
         else if (!strcmp(a, "--trace")) o.trace_pos = (int)parse_int(a, v, 0, 1 << 30);
@@ -1353,8 +1527,7 @@ typedef struct {
 static void run_prompt(Runner *r, const int *ids, int n) {
     char err[512];
     double t0 = now_s();
-    for (int i = 0; i < n; i++)
-        if (zaya_forward(r->m, r->s, ids[i], err, sizeof err) != 0) die("%s", err);
+    if (zaya_prefill(r->m, r->s, ids, n, err, sizeof err) != 0) die("%s", err);
     r->prefill_s += now_s() - t0;
     r->prefill_n += n;
 }
@@ -1463,6 +1636,7 @@ int main(int argc, char **argv) {
     ZayaState s;
     if (zaya_state_init(&s, &m, ctx, err, sizeof err) != 0) die("%s", err);
     s.skip_expert = o.skip_expert;
+    if (o.batch) s.batch = o.batch;
     if (o.list_taps) { list_taps(&m, &s); zaya_state_free(&s); zaya_free(&m); return 0; }
     if (!prompt) die("no prompt\n  hint: give -i \"text\" or --ids 2,818,...");
     if (n_prompt > ctx) die("the prompt has %d tokens but the context holds %d\n  hint: raise --ctx (max %d)", n_prompt, ctx, c->max_position);

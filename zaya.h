@@ -117,10 +117,11 @@ int zaya_load(ZayaModel *m, const char *path, int verify_crc, char *err, size_t 
 void zaya_free(ZayaModel *m);
 
 /* Intermediate tensors ("taps"), named by HF module path (docs/compare.md): one call per tensor per
- * position with the row for this position. layer = -1 for model-level tensors. */
+ * position with the row for this position. Within a prefill batch the calls come layer by layer. */
 typedef struct {
     const char *name;      /* e.g. "self_attn.o_proj" (layer prefix "model.layers.{i}." not included) */
-    int layer;
+    int layer;             /* -1 for model-level tensors */
+    int pos;               /* position of the token (-1 for the state after the last position) */
     int is_int;            /* data is int32 instead of float */
     int ndim;              /* of one row: 0 (scalar), 1 or 2 */
     int shape[2];
@@ -136,33 +137,43 @@ typedef struct {
     float *delayed_value;             /* [nkv*d/2]: v_proj_delayed of the previous token */
 } ZayaLayerState;
 
+/* Prompts are processed in batches of up to ZAYA_BATCH tokens: each weight matrix is read once per
+ * batch instead of once per token. Results are identical to running the tokens one by one. */
+#define ZAYA_BATCH 64
+
 /* Everything that changes while running: per-layer state, the position, scratch buffers. */
 typedef struct {
     ZayaLayerState *layers;   /* [num_layers] */
     int num_layers;
     int ctx;                  /* maximum number of positions */
     int pos;                  /* next position to run (= tokens seen so far) */
+    int batch;                /* prompt tokens per batch, 1..ZAYA_BATCH (default ZAYA_BATCH) */
     int skip_expert;          /* ZAYA_SKIP_ZERO (default) or ZAYA_SKIP_PASSTHROUGH */
     ZayaTapFn tap;            /* optional: called with every intermediate tensor */
     void *tap_ctx;
-    /* scratch, one token */
-    float *x;                 /* residual stream r [H] */
-    float *h;                 /* normalized input of a block [H] */
-    float *q_tilde, *k_tilde; /* q_proj, k_proj outputs; u = [q_tilde; k_tilde] is contiguous [C] */
+    /* scratch for a batch of B = ZAYA_BATCH tokens, row t = token t: [B, dim] */
+    float *x;                 /* residual stream r [B, H] */
+    float *h;                 /* normalized input of a block [B, H] */
+    float *u;                 /* [q_proj ; k_proj] outputs = the CCA conv input u_t [B, C] */
+    float *q, *k, *v;         /* after CCA / values [B, nq*d], [B, nkv*d], [B, nkv*d] */
+    float *vd;                /* v_proj_delayed of each token [B, nkv*d/2] */
+    float *attn_out;          /* [B, nq*d] */
+    float *branch;            /* block output before the residual merge [B, H] */
+    float *router_state;      /* EDA state rho [B, R]: flows layer to layer within a token */
+    float *router_a, *router_b;           /* router MLP activations [B, R] */
+    float *router_logits, *router_probs;  /* [B, E+1] */
+    int *expert;              /* chosen router class per token [B] (E = skip) */
+    float *expert_weight;     /* its weight [B] */
+    float *expert_in, *expert_hidden, *expert_out;   /* tokens of one expert [B, H], [B, 2I], [B, H] */
+    int8_t *xq;               /* activations quantized for int8 weights [B, max in-features] */
+    float *xq_scales;
+    /* scratch for one token */
     float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} [t1, C] */
-    float *conv_z;            /* grouped conv output [C] */
     float *q_res, *k_res;     /* residual mix [nq*d], [nkv*d] */
-    float *q, *k, *v;         /* [nq*d], [nkv*d], [nkv*d] */
-    float *vd;                /* v_proj_delayed of this token [nkv*d/2] */
-    float *att;               /* attention scores [ctx] */
-    float *attn_out;          /* [nq*d] */
-    float *branch;            /* block output before the residual merge [H] */
-    float *router_state;      /* EDA state rho [R], flows layer to layer within a token */
-    float *router_tmp;        /* [R] x2 */
-    float *router_logits, *router_probs, *router_scores;   /* [E+1] */
-    float *expert_hidden;     /* [2I] */
-    float *logits;            /* [V] */
+    float *att;               /* attention probabilities [ctx] */
+    float *router_scores;     /* probs + balancing biases [E+1] */
     float *rope_cos, *rope_sin;   /* [rot/2] */
+    float *logits;            /* [V]: logits of the last token run */
 } ZayaState;
 
 /* Allocates the state for up to ctx positions (1 <= ctx <= max_position) and zeroes it.
@@ -177,6 +188,12 @@ void zaya_state_free(ZayaState *s);
  * with a cache. Returns 0, or -1 + err when the id is not in 0..vocab_size-1 or the context is full
  * (nothing is changed then). */
 int zaya_forward(const ZayaModel *m, ZayaState *s, int token, char *err, size_t errlen);
+
+/* Runs n tokens at positions s->pos .. s->pos+n-1 (a prompt), in batches of ZAYA_BATCH; same
+ * results as n calls of zaya_forward, faster. s->logits = the last token's logits (with a tap set,
+ * every position's logits are computed and reported). Returns 0, or -1 + err (bad id or the
+ * context would overflow; nothing is run then). */
+int zaya_prefill(const ZayaModel *m, ZayaState *s, const int *tokens, int n, char *err, size_t errlen);
 
 /* Calls fn with the decoding state after the last position: conv state, delayed value and the
  * KV cache of every layer (names in docs/compare.md), row-major with full shapes in tap->shape. */
