@@ -541,12 +541,12 @@ def pack_header(c, layout, wformat, group, n_tensors, data_off, tok_off, tok_siz
     return h
 
 
-def pack_entry(name, dtype, shape, offset, nbytes, crc):
+def pack_entry(name, dtype, shape, offset, nbytes, crc, group):
     e = bytearray(DIR_ENTRY_SIZE)
     nb = name.encode()
     e[:len(nb)] = nb
     dims = list(shape) + [1] * (4 - len(shape))
-    struct.pack_into("<II4QQQII", e, NAME_SIZE, DTYPE_CODES[dtype], len(shape), *dims, offset, nbytes, crc, 0)
+    struct.pack_into("<II4QQQII", e, NAME_SIZE, DTYPE_CODES[dtype], len(shape), *dims, offset, nbytes, crc, group)
     return e
 
 
@@ -603,9 +603,9 @@ def build_quantizer():
     return exe
 
 
-def quantize_tensor(quantizer, w, entry, srcs, where, group, log):
+def quantize_tensor(quantizer, w, entry, srcs, where, log):
     """Streams one matrix through quantize.c, which writes its int8 values and scales in place."""
-    name, _, shape, offset, nbytes, _ = entry
+    name, _, shape, offset, nbytes, _, group = entry
     numel = 1
     for d in shape:
         numel *= d
@@ -642,19 +642,25 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print):
     check_config_limits(c, cfg_path)
     plan = plan_tensors(c, layout, where)
     quantizer = None
+    groups = {}                 # int8: the group size of each matrix (along its rows)
     if wformat == "int8":
-        rows = {name: shape[-1] for name, shape, kind, _ in plan if kind == "matrix"}
-        if group is None:       # 32 (Q8_0) unless a row length needs a smaller power of two
-            group = 32
-            while any(n % group for n in rows.values()):
-                group //= 2
-            if group < 32:
-                log(f"int8 group size {group}: some row lengths are not multiples of 32")
-        bad = [(name, n) for name, n in rows.items() if group < 1 or n % group]
-        if bad:
-            fail("int8 group size does not divide every matrix row", f"--group-size {group}",
-                 "a divisor of every row length", f"{bad[0][0]} has rows of {bad[0][1]}",
-                 "leave --group-size out to choose one automatically")
+        if group is not None and not 1 <= group <= 4096:
+            fail("int8 group size is out of range", "--group-size", "1..4096", group)
+        for name, shape, kind, _ in plan:
+            if kind != "matrix":
+                continue
+            g = group or 32      # Q8_0's 32, or the largest power of two below it that divides the row
+            while shape[-1] % g and group is None:
+                g //= 2
+            if shape[-1] % g:
+                fail("int8 group size does not divide a matrix row", f"--group-size {group}",
+                     "a divisor of every row length", f"{name} has rows of {shape[-1]}",
+                     "leave --group-size out to choose one per matrix automatically")
+            groups[name] = g
+        small = sorted({(g, n) for n, g in groups.items() if g != (group or 32)})
+        if small:
+            log(f"int8 group size {group or 32}; smaller where a row length needs it: {small[0][1]} ({small[0][0]})"
+                + (f" and {len(small) - 1} more" if len(small) > 1 else ""))
         quantizer = build_quantizer()
     try:
         tok = export_tokenizer.build_tokenizer_section(ckpt, chat_format)
@@ -669,8 +675,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print):
     entries, pos = [], data_off
     for name, shape, kind, srcs in plan:
         dtype = wformat if kind == "matrix" else "fp32"
-        nbytes = tensor_nbytes(shape, dtype, group)
-        entries.append([name, dtype, shape, pos, nbytes, 0])
+        nbytes = tensor_nbytes(shape, dtype, groups.get(name, 0))
+        entries.append([name, dtype, shape, pos, nbytes, 0, groups.get(name, 0)])
         pos = align(pos + nbytes, ALIGN)
     tok_off = pos
     file_size = tok_off + len(tok)
@@ -683,7 +689,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print):
         w.pad_to(ALIGN)
         assert w.pos == entry[3]
         if entry[1] == "int8":
-            entry[5] = quantize_tensor(quantizer, w, entry, srcs, where, group, log)
+            entry[5] = quantize_tensor(quantizer, w, entry, srcs, where, log)
         else:
             w.crc = 0
             want = "bf16" if entry[1] == "bf16" else "f32"
@@ -699,7 +705,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print):
     w.write(tok)
     provenance = {"exporter": EXPORTER_VERSION, "source": os.path.basename(os.path.abspath(ckpt)),
                   "layout": layout, "dtype": wformat}
-    header = pack_header(c, layout, wformat, group if wformat == "int8" else 0, len(entries), data_off,
+    header = pack_header(c, layout, wformat, (group or 32) if wformat == "int8" else 0, len(entries), data_off,
                          tok_off, len(tok), file_size, provenance)
     directory = b"".join(pack_entry(*e) for e in entries)
     struct.pack_into("<I", header, 12, zlib.crc32(directory, zlib.crc32(bytes(header))))
@@ -719,8 +725,8 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=sorted(DTYPE_CODES), default="fp32",
                     help="format of the big matrices (default fp32; bf16 keeps the hub's exact weights)")
     ap.add_argument("--group-size", type=int, default=None,
-                    help="int8 quantization group size (default 32, or the largest power of two below it that "
-                         "divides every row)")
+                    help="int8 quantization group size (default 32 per matrix, or the largest power of two "
+                         "below it that divides the matrix's rows)")
     ap.add_argument("--chat-format", choices=["auto", "chatml", "gemma", "none"], default="auto",
                     help="chat turn format (default: recognised from tokenizer_config.json's chat_template)")
     args = ap.parse_args(argv)

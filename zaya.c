@@ -88,18 +88,19 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 
-/* Symmetric int8 quantization of activations in groups (Q8_0, the same rule as quantize.c):
- * xs[g] = max|x| / 127 over the group, xq = round(x / xs). Used only with int8 weights. */
-static void quantize_q8(int8_t *xq, float *xs, const float *x, int n, int group) {
+/* Activations meet int8 weights as int16 in groups: xs[g] = max|x| / 32767 over the group,
+ * xq = round(x / xs). Their rounding error (~1e-5 relative) is far below the weights' int8 error,
+ * so routing stays as with float32 activations, while the dot product is exact integer work. */
+static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int group) {
     for (int g = 0; g < n / group; g++) {
         const float *xg = x + (size_t)g * group;
         float amax = 0.0f;
         for (int i = 0; i < group; i++) amax = fmaxf(amax, fabsf(xg[i]));
-        float s = amax / 127.0f;
+        float s = amax / 32767.0f;
         xs[g] = s;
         for (int i = 0; i < group; i++) {
             int v = s > 0.0f ? (int)roundf(xg[i] / s) : 0;
-            xq[(size_t)g * group + i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+            xq[(size_t)g * group + i] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
         }
     }
 }
@@ -165,24 +166,26 @@ static float dot_bf16(const uint16_t *w, const float *x, int n) {
     return sum_lanes(acc);
 }
 
-/* int8 weights x int8 activations: per group an exact integer sum, then
+/* int8 weights x int16 activations: per group an exact integer sum, then
  * acc[g % 8] += isum * (weight scale * activation scale). */
-static float dot_q8(const int8_t *w, const float *ws, const int8_t *xq, const float *xs, int n, int group) {
+static float dot_q8(const int8_t *w, const float *ws, const int16_t *xq, const float *xs, int n, int group) {
     float acc[LANES] = {0};
     const int ng = n / group;
     int g = 0;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    if (group == 32) {   /* 8 groups at a time: 8 x (32 int8 products summed by vpdpbusd) */
+    if (group == 32) {   /* 8 groups at a time; vpdpwssd sums pairs of int16 products into int32 lanes */
         __m256 a = _mm256_setzero_ps();
         for (; g + 8 <= ng; g += 8) {
             __m256i d[8];
             for (int k = 0; k < 8; k++) {
-                __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (size_t)(g + k) * 32));
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (size_t)(g + k) * 32));
-                /* vpdpbusd multiplies unsigned by signed bytes: use |w| and x * sign(w) */
-                d[k] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+                const int8_t *wg = w + (size_t)(g + k) * 32;
+                const int16_t *xg = xq + (size_t)(g + k) * 32;
+                __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wg));
+                __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wg + 16)));
+                __m256i sum = _mm256_dpwssd_epi32(_mm256_setzero_si256(), w0, _mm256_loadu_si256((const __m256i *)xg));
+                d[k] = _mm256_dpwssd_epi32(sum, w1, _mm256_loadu_si256((const __m256i *)(xg + 16)));
             }
-            /* lane k of s = the sum of the 8 lanes of d[k] */
+            /* lane k of s = the sum of the 8 lanes of d[k] = the integer dot product of group g+k */
             __m256i t0 = _mm256_hadd_epi32(d[0], d[1]), t1 = _mm256_hadd_epi32(d[2], d[3]);
             __m256i t2 = _mm256_hadd_epi32(d[4], d[5]), t3 = _mm256_hadd_epi32(d[6], d[7]);
             __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
@@ -206,11 +209,11 @@ static float dot_q8(const int8_t *w, const float *ws, const int8_t *xq, const fl
  * identical for any thread count and for prefill in batches or token by token. One weight row
  * stays in cache while it meets all n tokens: a batch reads the weights once. */
 static void matmul(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n,
-                   int8_t *xq, float *xqs) {
+                   int16_t *xq, float *xqs) {
     const int rows = w->rows, cols = w->cols, G = w->group_size;
     if (w->dtype == ZAYA_Q8)
         for (int t = 0; t < n; t++)
-            quantize_q8(xq + (size_t)t * cols, xqs + (size_t)t * (cols / G), x + (size_t)t * xs, cols, G);
+            quantize_q16(xq + (size_t)t * cols, xqs + (size_t)t * (cols / G), x + (size_t)t * xs, cols, G);
 #pragma omp parallel for schedule(static) if ((size_t)rows * cols * n >= 65536)
     for (int o = 0; o < rows; o++) {
         size_t row = (size_t)o * (size_t)cols;
@@ -226,10 +229,10 @@ static void matmul(float *y, int ys, const ZayaMatrix *w, const float *x, int xs
 }
 
 void zaya_matvec(float *y, const ZayaMatrix *w, const float *x) {
-    int8_t *xq = NULL;
+    int16_t *xq = NULL;
     float *xqs = NULL;
     if (w->dtype == ZAYA_Q8) {
-        xq = malloc((size_t)w->cols);
+        xq = malloc(sizeof(int16_t) * (size_t)w->cols);
         xqs = malloc(sizeof(float) * (size_t)(w->cols / w->group_size));
         if (!xq || !xqs) { free(xq); free(xqs); return; }
     }
@@ -294,7 +297,7 @@ typedef struct {
     char name[NAME_SIZE];
     uint32_t dtype, ndim;
     uint64_t shape[4], offset, nbytes;
-    uint32_t crc;
+    uint32_t crc, group;      /* group: int8 group size (0 for other dtypes) */
     int used;
 } DirEntry;
 
@@ -310,7 +313,6 @@ typedef struct {
     const unsigned char *base;
     DirEntry *dir;
     int n;
-    int group_size;
     char *err;
     size_t errlen;
 } Loader;
@@ -355,13 +357,13 @@ static int load_matrix(Loader *ld, ZayaMatrix *m, const char *name, uint64_t n, 
     const DirEntry *e = n ? find_tensor(ld, name, 1, n, rows, cols) : find_tensor(ld, name, 1, rows, cols, 0);
     if (!e) return -1;
     uint64_t total_rows = n ? n * rows : rows;
-    if (e->dtype == ZAYA_Q8 && cols % (uint64_t)ld->group_size != 0)
-        return fail(ld->err, ld->errlen, "%s: tensor %s is int8 with %llu columns, not a multiple of the group size %d\n  %s",
-                    ld->path, name, (unsigned long long)cols, ld->group_size, HINT_REEXPORT);
+    if (e->dtype == ZAYA_Q8 && cols % e->group != 0)
+        return fail(ld->err, ld->errlen, "%s: tensor %s is int8 with %llu columns, not a multiple of its group size %u\n  %s",
+                    ld->path, name, (unsigned long long)cols, e->group, HINT_REEXPORT);
     m->dtype = (int)e->dtype;
     m->rows = (int)total_rows;
     m->cols = (int)cols;
-    m->group_size = ld->group_size;
+    m->group_size = (int)e->group;
     m->data = ld->base + e->offset;
     m->scales = e->dtype == ZAYA_Q8 ? (const float *)(ld->base + e->offset + (total_rows * cols + 63) / 64 * 64) : NULL;
     return 0;
@@ -514,12 +516,14 @@ static int read_directory(Loader *ld, const unsigned char *h, uint64_t data_off,
         e->offset = rd_u64(p + NAME_SIZE + 40);
         e->nbytes = rd_u64(p + NAME_SIZE + 48);
         e->crc = rd_u32(p + NAME_SIZE + 56);
+        e->group = rd_u32(p + NAME_SIZE + 60);
         e->used = 0;
         if (e->dtype > ZAYA_Q8 || e->ndim < 1 || e->ndim > 4)
             return fail(ld->err, ld->errlen, "%s: tensor %s has dtype %u and %u dims\n  expected: dtype 0..2, 1..4 dims\n  %s", ld->path, e->name, e->dtype, e->ndim, HINT_REEXPORT);
-        if (e->dtype == ZAYA_Q8 && (ld->group_size <= 0 || numel % (uint64_t)ld->group_size))
-            return fail(ld->err, ld->errlen, "%s: int8 tensor %s does not split into groups of %d\n  %s", ld->path, e->name, ld->group_size, HINT_REEXPORT);
-        uint64_t want = tensor_bytes((int)e->dtype, numel, ld->group_size);
+        if (e->dtype == ZAYA_Q8 ? (e->group < 1 || e->group > 4096 || e->shape[e->ndim - 1] % e->group) : e->group != 0)
+            return fail(ld->err, ld->errlen, "%s: tensor %s has group size %u\n  expected: for int8 a divisor (1..4096) of its row length %llu, otherwise 0\n  %s",
+                        ld->path, e->name, e->group, (unsigned long long)e->shape[e->ndim - 1], HINT_REEXPORT);
+        uint64_t want = tensor_bytes((int)e->dtype, numel, (int)e->group);
         if (e->nbytes != want)
             return fail(ld->err, ld->errlen, "%s: tensor %s has a byte size that does not match its shape\n  expected: %llu bytes\n  found:    %llu bytes\n  %s",
                         ld->path, e->name, (unsigned long long)want, (unsigned long long)e->nbytes, HINT_REEXPORT);
@@ -612,7 +616,7 @@ int zaya_load(ZayaModel *m, const char *path, int verify_crc, char *err, size_t 
     m->source_layout = (int)layout;
     memcpy(m->provenance, h + 512, sizeof m->provenance - 1);
 
-    Loader ld = {path, h, calloc(n_tensors, sizeof(DirEntry)), (int)n_tensors, (int)group, err, errlen};
+    Loader ld = {path, h, calloc(n_tensors, sizeof(DirEntry)), (int)n_tensors, err, errlen};
     if (!ld.dir) { zaya_free(m); return fail(err, errlen, "out of memory"); }
     rc = read_directory(&ld, h, data_off, tok_off);
     if (rc == 0) rc = bind_tensors(m, &ld);
@@ -684,7 +688,7 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t
                       B * max_in, (size_t)c->cca_time1 * C, nq * d, nkv * d, (size_t)ctx, E + 1, d, d,
                       (size_t)c->vocab_size};
     for (size_t k = 0; ok && k < sizeof sizes / sizeof sizes[0]; k++) ok = (*bufs[k] = calloc(sizes[k], sizeof(float))) != NULL;
-    if (ok) ok = (s->expert = calloc(B, sizeof(int))) && (s->xq = calloc(B * max_in, 1));
+    if (ok) ok = (s->expert = calloc(B, sizeof(int))) && (s->xq = calloc(B * max_in, sizeof(int16_t)));
     if (!ok) {
         zaya_state_free(s);
         return fail(err, errlen, "out of memory allocating the state for %d positions\n  hint: use a smaller --ctx", ctx);

@@ -165,7 +165,7 @@ typedef struct {
     int *expert;              /* chosen router class per token [B] (E = skip) */
     float *expert_weight;     /* its weight [B] */
     float *expert_in, *expert_hidden, *expert_out;   /* tokens of one expert [B, H], [B, 2I], [B, H] */
-    int8_t *xq;               /* activations quantized for int8 weights [B, max in-features] */
+    int16_t *xq;              /* activations quantized for int8 weights [B, max in-features] */
     float *xq_scales;
     /* scratch for one token */
     float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} [t1, C] */
