@@ -27,7 +27,11 @@ debug: zaya_debug
 zaya_debug: $(SRC) $(HDR)
 	$(CC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(WARN) $(DEFS) -o $@ $(SRC) -lm
 
-test: zaya zaya_omp zaya_debug
+build/test_kernels: test/test_kernels.c $(SRC) $(HDR)
+	mkdir -p build
+	$(CC) $(CFLAGS) $(WARN) -DZAYA_NO_MAIN -I. -o $@ test/test_kernels.c $(SRC) -lm
+
+test: zaya zaya_omp zaya_debug build/test_kernels
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 
 # the main job on real input: export a hub-format checkpoint, generate from an English prompt

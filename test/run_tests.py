@@ -17,7 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (name, command) in the order they run; commands run in the repo root.
 TESTS = [
+    ("kernels", ["build/test_kernels", "test/test_kernels.c"]),
     ("engine", [sys.executable, "test/test_engine.py"]),
+    ("int8", [sys.executable, "test/test_int8.py"]),
     ("tokenizer", [sys.executable, "test/test_tokenizer.py"]),
     ("dims", [sys.executable, "test/test_dims.py"]),
     ("compare", [sys.executable, "test/test_compare.py"]),
@@ -38,11 +40,14 @@ def main():
     for name, cmd in TESTS:
         if args.only and name not in args.only:
             continue
-        if not os.path.exists(os.path.join(ROOT, cmd[1])):
-            print(f"FAIL {name}: {cmd[1]} is missing")
+        source = cmd[-1] if cmd[0] != sys.executable else cmd[1]
+        if not os.path.exists(os.path.join(ROOT, source)):
+            print(f"FAIL {name}: {source} is missing")
             failed += 1
             continue
-        print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+        if cmd[0] != sys.executable:
+            cmd = cmd[:-1]          # a compiled test: the last item only names its source
+        print(f"== {name}: {' '.join(cmd)}", flush=True)
         t0 = time.time()
         p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            errors="replace")

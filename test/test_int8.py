@@ -66,6 +66,13 @@ check(min(before) >= 0.999, f"logit cosine >= 0.999 at every position before the
 med = sorted(cos)[T // 2]
 check(med >= 0.999, f"median logit cosine >= 0.999 (median {med:.5f}, min {min(cos):.5f})", f"median {med:.5f}")
 check(same_top >= 0.85 * T, f"same top-1 token at >= 85% of positions ({same_top}/{T})", f"{same_top}/{T}")
+# the same blob through the sanitizer build, whose kernels are the portable C ones (no -march=native):
+# the AVX512-VNNI kernel does the same integer sums and float operations, so the bits must match
+d_dbg = os.path.join(BUILD, "int8test_debug")
+shutil.rmtree(d_dbg, ignore_errors=True)
+rc, _, err = run(["./zaya_debug", q8_blob, "--ids", IDS, "--dump", d_dbg, "--dump-filter", "^logits$"])
+same = rc == 0 and read_npy(os.path.join(d_dbg, "logits.npy"))[1] == a
+check(same, "int8: portable C kernels (sanitizer build) give the SIMD kernels' logits bit for bit", err[-300:])
 ratio = os.path.getsize(q8_blob) / os.path.getsize(fp32_blob)
 print(f"   int8 blob / fp32 blob = {ratio:.3f} (the fixture's float32 conv weights are a large share of so small a model;"
       " ZAYA1-8B: ~0.28)")
