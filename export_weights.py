@@ -611,7 +611,7 @@ def quantize_tensor(quantizer, w, entry, srcs, where, log):
         numel *= d
     in_dtype = "bf16" if all(where[s].tensors[s][0] == "BF16" for s in srcs) else "f32"
     w.f.flush()
-    p = subprocess.Popen([quantizer, in_dtype, str(group), w.path + ".tmp", str(offset), str(numel)],
+    p = subprocess.Popen([quantizer, in_dtype, str(group), str(shape[-1]), w.path + ".tmp", str(offset), str(numel)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         for s in srcs:

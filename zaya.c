@@ -66,14 +66,25 @@ static ZayaMatrix matrix_rows(const ZayaMatrix *m, int row0, int nrows) {
     return r;
 }
 
+size_t zaya_q8_position(int i, int cols, int group) {
+    const int block = 8 * group;
+    if (group % 2 || i >= cols / block * block) return (size_t)i;   /* odd groups and the tail: unpermuted */
+    const int b = i / block, k = (i % block) / group, j = i % group;
+    return (size_t)b * block + (size_t)(j / 2) * 16 + 2 * k + j % 2;
+}
+
+/* Weight [row][i] widened to float32 (int8: dequantized from its interleaved position). */
+static float matrix_at(const ZayaMatrix *m, int row, int i) {
+    size_t start = (size_t)row * (size_t)m->cols;
+    if (m->dtype == ZAYA_F32) return ((const float *)m->data)[start + i];
+    if (m->dtype == ZAYA_BF16) return bf16_to_f32(((const uint16_t *)m->data)[start + i]);
+    return ((const int8_t *)m->data)[start + zaya_q8_position(i, m->cols, m->group_size)] *
+           m->scales[(start + i) / (size_t)m->group_size];
+}
+
 /* Row `row` of a matrix widened to float32 (the embedding lookup). */
 static void matrix_row(const ZayaMatrix *m, int row, float *out) {
-    size_t start = (size_t)row * (size_t)m->cols;
-    for (int i = 0; i < m->cols; i++) {
-        if (m->dtype == ZAYA_F32) out[i] = ((const float *)m->data)[start + i];
-        else if (m->dtype == ZAYA_BF16) out[i] = bf16_to_f32(((const uint16_t *)m->data)[start + i]);
-        else out[i] = ((const int8_t *)m->data)[start + i] * m->scales[(start + i) / (size_t)m->group_size];
-    }
+    for (int i = 0; i < m->cols; i++) out[i] = matrix_at(m, row, i);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -89,7 +100,7 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
 }
 
 /* Activations meet int8 weights as int16 in groups: xs[g] = max|x| / 32767 over the group,
- * xq = round(x / xs). Their rounding error (~1e-5 relative) is far below the weights' int8 error,
+ * xq = round(x / xs), stored in the weights' interleaved order (zaya_q8_position). Their rounding error (~1e-5 relative) is far below the weights' int8 error,
  * so routing stays as with float32 activations, while the dot product is exact integer work. */
 static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int group) {
     for (int g = 0; g < n / group; g++) {
@@ -100,7 +111,7 @@ static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int grou
         xs[g] = s;
         for (int i = 0; i < group; i++) {
             int v = s > 0.0f ? (int)roundf(xg[i] / s) : 0;
-            xq[(size_t)g * group + i] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
+            xq[zaya_q8_position(g * group + i, n, group)] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
         }
     }
 }
@@ -109,14 +120,8 @@ static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int grou
  * (int8 weights are dequantized, the activations are not quantized.) */
 void zaya_matvec_ref(float *y, const ZayaMatrix *w, const float *x) {
     for (int o = 0; o < w->rows; o++) {
-        size_t row = (size_t)o * (size_t)w->cols;
         float sum = 0.0f;
-        for (int i = 0; i < w->cols; i++) {
-            float wi = w->dtype == ZAYA_F32 ? ((const float *)w->data)[row + i]
-                     : w->dtype == ZAYA_BF16 ? bf16_to_f32(((const uint16_t *)w->data)[row + i])
-                     : ((const int8_t *)w->data)[row + i] * w->scales[(row + i) / (size_t)w->group_size];
-            sum += wi * x[i];
-        }
+        for (int i = 0; i < w->cols; i++) sum += matrix_at(w, o, i) * x[i];
         y[o] = sum;
     }
 }
@@ -166,42 +171,49 @@ static float dot_bf16(const uint16_t *w, const float *x, int n) {
     return sum_lanes(acc);
 }
 
-/* int8 weights x int16 activations: per group an exact integer sum, then
- * acc[g % 8] += isum * (weight scale * activation scale). */
-static float dot_q8(const int8_t *w, const float *ws, const int16_t *xq, const float *xs, int n, int group) {
-    float acc[LANES] = {0};
-    const int ng = n / group;
-    int g = 0;
+/* int8 weights x int16 activations for nt <= 4 tokens at once (prefill shares each weight load).
+ * Both are in the interleaved order: in a block of 8 groups, position p belongs to group p/2 % 8,
+ * so 16-bit lanes pair up into 8 int32 lanes, one per group, and no horizontal sums are needed.
+ * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
+static void dot_q8(float *out, int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
+                   const float *xs, size_t xs_stride, int n, int group) {
+    float acc[4][LANES];
+    memset(acc, 0, sizeof acc);
+    const int block = 8 * group, nb = group % 2 ? 0 : n / block;
+    int b = 0;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    if (group == 32) {   /* 8 groups at a time; vpdpwssd sums pairs of int16 products into int32 lanes */
-        __m256 a = _mm256_setzero_ps();
-        for (; g + 8 <= ng; g += 8) {
-            __m256i d[8];
-            for (int k = 0; k < 8; k++) {
-                const int8_t *wg = w + (size_t)(g + k) * 32;
-                const int16_t *xg = xq + (size_t)(g + k) * 32;
-                __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wg));
-                __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wg + 16)));
-                __m256i sum = _mm256_dpwssd_epi32(_mm256_setzero_si256(), w0, _mm256_loadu_si256((const __m256i *)xg));
-                d[k] = _mm256_dpwssd_epi32(sum, w1, _mm256_loadu_si256((const __m256i *)(xg + 16)));
-            }
-            /* lane k of s = the sum of the 8 lanes of d[k] = the integer dot product of group g+k */
-            __m256i t0 = _mm256_hadd_epi32(d[0], d[1]), t1 = _mm256_hadd_epi32(d[2], d[3]);
-            __m256i t2 = _mm256_hadd_epi32(d[4], d[5]), t3 = _mm256_hadd_epi32(d[6], d[7]);
-            __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
-            __m256i s = _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
-            __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(ws + g), _mm256_loadu_ps(xs + g));
-            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, a);
+    const int steps = group / 2;
+    __m256 a[4];
+    for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_ps();
+    for (; b < nb; b++) {
+        __m256i isum[4];
+        for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+        for (int s = 0; s < steps; s++) {   /* 16 weights: 2 consecutive values of each of the 8 groups */
+            __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + (size_t)b * block + s * 16)));
+            for (int t = 0; t < nt; t++)
+                isum[t] = _mm256_dpwssd_epi32(isum[t], wv, _mm256_loadu_si256((const __m256i *)(xq + t * xq_stride + (size_t)b * block + s * 16)));
         }
-        _mm256_storeu_ps(acc, a);
+        __m256 wscale = _mm256_loadu_ps(ws + (size_t)b * 8);
+        for (int t = 0; t < nt; t++)
+            a[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(wscale, _mm256_loadu_ps(xs + t * xs_stride + (size_t)b * 8)), a[t]);
     }
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(acc[t], a[t]);
 #endif
-    for (; g < ng; g++) {
-        int32_t isum = 0;
-        for (int i = 0; i < group; i++) isum += (int32_t)w[(size_t)g * group + i] * xq[(size_t)g * group + i];
-        acc[g % 8] = fmaf((float)isum, ws[g] * xs[g], acc[g % 8]);
+    for (int t = 0; t < nt; t++) {
+        const int16_t *x = xq + t * xq_stride;
+        const float *xst = xs + t * xs_stride;
+        for (int bb = b; bb < nb; bb++) {                       /* interleaved blocks of 8 groups */
+            int32_t isum[8] = {0};
+            for (int p = 0; p < block; p++) isum[(p >> 1) & 7] += (int32_t)w[(size_t)bb * block + p] * x[(size_t)bb * block + p];
+            for (int k = 0; k < 8; k++) acc[t][k] = fmaf((float)isum[k], ws[bb * 8 + k] * xst[bb * 8 + k], acc[t][k]);
+        }
+        for (int g = nb * 8; g < n / group; g++) {              /* the remaining groups, unpermuted */
+            int32_t isum = 0;
+            for (int i = 0; i < group; i++) isum += (int32_t)w[(size_t)g * group + i] * x[(size_t)g * group + i];
+            acc[t][g % 8] = fmaf((float)isum, ws[g] * xst[g], acc[t][g % 8]);
+        }
+        out[t] = sum_lanes(acc[t]);
     }
-    return sum_lanes(acc);
 }
 
 /* Y[t][o] = W[o] . X[t] for n tokens (rows of X and Y with strides xs, ys). Each output row is one
@@ -218,12 +230,16 @@ static void matmul(float *y, int ys, const ZayaMatrix *w, const float *x, int xs
     for (int o = 0; o < rows; o++) {
         size_t row = (size_t)o * (size_t)cols;
         for (int t = 0; t < n; t++) {
-            float r;
-            if (w->dtype == ZAYA_F32) r = dot_f32((const float *)w->data + row, x + (size_t)t * xs, cols);
-            else if (w->dtype == ZAYA_BF16) r = dot_bf16((const uint16_t *)w->data + row, x + (size_t)t * xs, cols);
-            else r = dot_q8((const int8_t *)w->data + row, w->scales + row / (size_t)G, xq + (size_t)t * cols,
-                            xqs + (size_t)t * (cols / G), cols, G);
-            y[(size_t)t * ys + o] = r;
+            if (w->dtype == ZAYA_F32) y[(size_t)t * ys + o] = dot_f32((const float *)w->data + row, x + (size_t)t * xs, cols);
+            else if (w->dtype == ZAYA_BF16) y[(size_t)t * ys + o] = dot_bf16((const uint16_t *)w->data + row, x + (size_t)t * xs, cols);
+            else {   /* up to 4 tokens per pass over the row */
+                float r[4];
+                int nt = n - t < 4 ? n - t : 4;
+                dot_q8(r, nt, (const int8_t *)w->data + row, w->scales + row / (size_t)G, xq + (size_t)t * cols, (size_t)cols,
+                       xqs + (size_t)t * (cols / G), (size_t)(cols / G), cols, G);
+                for (int k = 0; k < nt; k++) y[(size_t)(t + k) * ys + o] = r[k];
+                t += nt - 1;
+            }
         }
     }
 }

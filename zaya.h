@@ -199,6 +199,11 @@ int zaya_prefill(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
  * KV cache of every layer (names in docs/compare.md), row-major with full shapes in tap->shape. */
 void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void *ctx);
 
+/* Where value i (0..cols-1) of an int8 row is stored: each block of 8 groups is interleaved so
+ * that value j of group k sits at (j/2)*16 + 2k + j%2 (docs/blob-format.md); the tail of a row
+ * that is not a whole block, and odd group sizes, are stored in order. */
+size_t zaya_q8_position(int i, int cols, int group);
+
 /* y[rows] = W x[cols]; reference kernel (plain loops), any dtype. */
 void zaya_matvec_ref(float *y, const ZayaMatrix *w, const float *x);
 /* Same result computed by the fast kernel used in zaya_forward (vectorized, multithreaded). */

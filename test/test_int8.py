@@ -73,6 +73,12 @@ shutil.rmtree(d_dbg, ignore_errors=True)
 rc, _, err = run(["./zaya_debug", q8_blob, "--ids", IDS, "--dump", d_dbg, "--dump-filter", "^logits$"])
 same = rc == 0 and read_npy(os.path.join(d_dbg, "logits.npy"))[1] == a
 check(same, "int8: portable C kernels (sanitizer build) give the SIMD kernels' logits bit for bit", err[-300:])
+# prefill shares each int8 weight load between up to 4 tokens: same bits as token by token
+d_b1 = os.path.join(BUILD, "int8test_batch1")
+shutil.rmtree(d_b1, ignore_errors=True)
+rc, _, err = run(["./zaya", q8_blob, "--ids", IDS, "--dump", d_b1, "--dump-filter", "^logits$", "--batch", "1"])
+check(rc == 0 and read_npy(os.path.join(d_b1, "logits.npy"))[1] == a,
+      "int8: batched prefill gives token-by-token logits bit for bit", err[-300:])
 ratio = os.path.getsize(q8_blob) / os.path.getsize(fp32_blob)
 print(f"   int8 blob / fp32 blob = {ratio:.3f} (the fixture's float32 conv weights are a large share of so small a model;"
       " ZAYA1-8B: ~0.28)")

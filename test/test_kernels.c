@@ -41,11 +41,15 @@ static void run_case(int dtype, int rows, int cols, int group) {
     } else {
         int8_t *q = malloc(n);
         scales = malloc(n / (size_t)group * sizeof(float));
-        for (size_t g = 0; g < n / (size_t)group; g++) {
+        for (size_t g = 0; g < n / (size_t)group; g++) {   /* stored in the interleaved order of the blob */
             float amax = 0.0f;
             for (int i = 0; i < group; i++) amax = fmaxf(amax, fabsf(wf[g * group + i]));
             scales[g] = amax / 127.0f;
-            for (int i = 0; i < group; i++) q[g * group + i] = (int8_t)roundf(wf[g * group + i] / scales[g]);
+            size_t row = g * group / (size_t)cols * (size_t)cols;
+            for (int i = 0; i < group; i++) {
+                int col = (int)(g * group - row) + i;
+                q[row + zaya_q8_position(col, cols, group)] = (int8_t)roundf(wf[g * group + i] / scales[g]);
+            }
         }
         data = q;
     }
@@ -69,12 +73,14 @@ static void run_case(int dtype, int rows, int cols, int group) {
 }
 
 int main(void) {
-    const int shapes[][2] = {{300, 2048}, {17, 96}, {64, 80}, {5, 8}};
-    for (int s = 0; s < 4; s++) {
+    /* row lengths: whole int8 blocks of 8 groups, blocks plus a tail, only a tail, tiny */
+    const int shapes[][2] = {{300, 2048}, {33, 320}, {17, 96}, {64, 80}, {9, 384}, {5, 8}};
+    for (int s = 0; s < 6; s++) {
         run_case(ZAYA_F32, shapes[s][0], shapes[s][1], 0);
         run_case(ZAYA_BF16, shapes[s][0], shapes[s][1], 0);
         for (int g = 32; g >= 8; g /= 2)
             if (shapes[s][1] % g == 0) { run_case(ZAYA_Q8, shapes[s][0], shapes[s][1], g); break; }
+        if (shapes[s][1] % 16 == 0) run_case(ZAYA_Q8, shapes[s][0], shapes[s][1], 16);
     }
     return failures ? 1 : 0;
 }
