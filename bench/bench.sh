@@ -95,6 +95,14 @@ IDS="$(awk -v n="$NPROMPT" 'BEGIN { x = 12345; s = "2";
     print s }')"
 
 LOAD="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
+# other processes on a 2-core machine ruin the 2-thread numbers (OpenMP threads wait on a busy core)
+# (ps %cpu = cpu time / lifetime of each process; anything above 20% that is not us counts)
+busy_list() {
+    ps -eo pcpu=,pid=,comm= --sort=-pcpu 2>/dev/null \
+        | awk -v me=$$ '$1 > 20 && $2 != me { printf " %s(%s%%)", $3, $1 }' | head -c 200
+}
+BUSY0="$(busy_list)"
+[ -z "$BUSY0" ] || note "warning: the machine is busy:$BUSY0 — bandwidth and speed will be low"
 CPU="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1)"
 NCPU="$(nproc 2>/dev/null || echo '?')"
 MEM="$(awk '/MemTotal/ { printf "%.0f GB", $2 / 1048576 }' /proc/meminfo 2>/dev/null)"
@@ -148,9 +156,11 @@ for DT in $DTYPES; do
         tail -5 "$OUT/warmup-$DT.log" >&2; die "$ZAYA failed on $BLOB (log: $OUT/warmup-$DT.log)"; }
 
     # (c) the runs
-    declare -A PRE DEC LOADS RSS
+    declare -A PRE DEC LOADS RSS RUNBUSY
     for t in $THREADS; do
         note "run: $DT, $t thread(s), prompt $NPROMPT ids, $NGEN greedy tokens ..."
+        RUNBUSY[$t]="$(busy_list)"
+        [ -z "${RUNBUSY[$t]}" ] || note "warning: the machine is busy:${RUNBUSY[$t]} — these numbers will be low"
         ERR="$OUT/run-$DT-t$t.err"
         if ! /usr/bin/time -v -o "$OUT/run-$DT-t$t.time" "$ZAYA" "$BLOB" --ids "$IDS" -n "$NGEN" -t 0 \
                 --threads "$t" --print-ids >"$OUT/run-$DT-t$t.out" 2>"$ERR"; then
@@ -171,19 +181,20 @@ for DT in $DTYPES; do
     {
         echo "### zaya.c $COMMIT, $DT blob ($BLOB_GB GB), $(date -u '+%Y-%m-%d %H:%M UTC')"
         echo
-        echo "Machine: $CPU, $NCPU cpus, $MEM; load average before the runs $LOAD."
+        echo "Machine: $CPU, $NCPU cpus, $MEM; load average at the start $LOAD; busy processes during the"
+        echo "bandwidth measurement: ${BUSY0:-none}. Rows with other busy processes are not valid measurements."
         echo "Checkpoint: $CKPT. Prompt $NPROMPT ids, $NGEN greedy tokens. Export: $EXP_WALL, peak RSS $EXP_RSS."
         echo "Bytes read per decoded token: $(awk -v b="$BPT" 'BEGIN { printf "%.3f GB", b / 1e9 }') (weights:"
         echo "attention + router + norms of every layer, one expert per layer, the whole LM head; KV cache excluded)."
         echo
-        echo "| threads | prefill tok/s | decode tok/s | load s | peak RSS GiB | read GB/s | ceiling tok/s | decode / ceiling | llama.cpp decode | llama.cpp pp128 |"
-        echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        echo "| threads | prefill tok/s | decode tok/s | load s | peak RSS GiB | read GB/s | ceiling tok/s | decode / ceiling | llama.cpp decode | llama.cpp pp128 | other busy processes |"
+        echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         for t in $THREADS; do
             case "$t" in 1) PEER_D="13.3-13.7"; PEER_P="35" ;; 2) PEER_D="17.2-17.5"; PEER_P="55-67" ;; *) PEER_D="-"; PEER_P="-" ;; esac
             awk -v t="$t" -v p="${PRE[$t]}" -v d="${DEC[$t]}" -v l="${LOADS[$t]}" -v r="${RSS[$t]}" \
-                -v bw="${BW[$t]}" -v b="$BPT" -v pd="$PEER_D" -v pp="$PEER_P" 'BEGIN {
+                -v bw="${BW[$t]}" -v b="$BPT" -v pd="$PEER_D" -v pp="$PEER_P" -v la="${RUNBUSY[$t]:-none}" 'BEGIN {
                 c = bw * 1e9 / b
-                printf "| %d | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %s | %s |\n", t, p, d, l, r, bw, c, d / c, pd, pp }'
+                printf "| %d | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %s | %s | %s |\n", t, p, d, l, r, bw, c, d / c, pd, pp, la }'
         done
         echo
         echo "Bytes per token by part:"
@@ -191,5 +202,5 @@ for DT in $DTYPES; do
         cat "$OUT/bytes-$DT.md"
     } | tee "$RES"
     note "saved $RES"
-    unset PRE DEC LOADS RSS
+    unset PRE DEC LOADS RSS RUNBUSY
 done
