@@ -175,28 +175,37 @@ static float dot_bf16(const uint16_t *w, const float *x, int n) {
  * Both are in the interleaved order: in a block of 8 groups, position p belongs to group p/2 % 8,
  * so 16-bit lanes pair up into 8 int32 lanes, one per group, and no horizontal sums are needed.
  * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
-static void dot_q8(float *out, int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
-                   const float *xs, size_t xs_stride, int n, int group) {
+static inline __attribute__((always_inline)) void
+dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
+         const float *xs, size_t xs_stride, int n, int group) {
     float acc[4][LANES];
     memset(acc, 0, sizeof acc);
     const int block = 8 * group, nb = group % 2 ? 0 : n / block;
     int b = 0;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    const int steps = group / 2;
     __m256 a[4];
     for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_ps();
-    for (; b < nb; b++) {
-        __m256i isum[4];
-        for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
-        for (int s = 0; s < steps; s++) {   /* 16 weights: 2 consecutive values of each of the 8 groups */
-            __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + (size_t)b * block + s * 16)));
-            for (int t = 0; t < nt; t++)
-                isum[t] = _mm256_dpwssd_epi32(isum[t], wv, _mm256_loadu_si256((const __m256i *)(xq + t * xq_stride + (size_t)b * block + s * 16)));
+    if (group % 8 == 0)   /* 64 values per iteration: two 512-bit steps, two chains per token */
+        for (; b < nb; b++) {
+            __m512i isum0[4], isum1[4];
+            for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = _mm512_setzero_si512();
+            const int8_t *wb = w + (size_t)b * block;
+            for (int s = 0; s < block; s += 64) {
+                __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s)));
+                __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s + 32)));
+                for (int t = 0; t < nt; t++) {
+                    const int16_t *xb = xq + t * xq_stride + (size_t)b * block + s;
+                    isum0[t] = _mm512_dpwssd_epi32(isum0[t], w0, _mm512_loadu_si512(xb));
+                    isum1[t] = _mm512_dpwssd_epi32(isum1[t], w1, _mm512_loadu_si512(xb + 32));
+                }
+            }
+            __m256 wscale = _mm256_loadu_ps(ws + (size_t)b * 8);
+            for (int t = 0; t < nt; t++) {   /* int32 lane k and lane k+8 both belong to group k */
+                __m512i s2 = _mm512_add_epi32(isum0[t], isum1[t]);
+                __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s2), _mm512_extracti64x4_epi64(s2, 1));
+                a[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(wscale, _mm256_loadu_ps(xs + t * xs_stride + (size_t)b * 8)), a[t]);
+            }
         }
-        __m256 wscale = _mm256_loadu_ps(ws + (size_t)b * 8);
-        for (int t = 0; t < nt; t++)
-            a[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(wscale, _mm256_loadu_ps(xs + t * xs_stride + (size_t)b * 8)), a[t]);
-    }
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(acc[t], a[t]);
 #endif
     for (int t = 0; t < nt; t++) {
@@ -213,6 +222,17 @@ static void dot_q8(float *out, int nt, const int8_t *w, const float *ws, const i
             acc[t][g % 8] = fmaf((float)isum, ws[g] * xst[g], acc[t][g % 8]);
         }
         out[t] = sum_lanes(acc[t]);
+    }
+}
+
+/* dot_q8_n with the token count fixed at compile time, so the accumulators live in registers */
+static void dot_q8(float *out, int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
+                   const float *xs, size_t xs_stride, int n, int group) {
+    switch (nt) {
+    case 1: dot_q8_n(out, 1, w, ws, xq, xq_stride, xs, xs_stride, n, group); break;
+    case 2: dot_q8_n(out, 2, w, ws, xq, xq_stride, xs, xs_stride, n, group); break;
+    case 3: dot_q8_n(out, 3, w, ws, xq, xq_stride, xs, xs_stride, n, group); break;
+    default: dot_q8_n(out, 4, w, ws, xq, xq_stride, xs, xs_stride, n, group); break;
     }
 }
 
