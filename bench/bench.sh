@@ -78,8 +78,8 @@ fi
 [ -d "$CKPT" ] || die "checkpoint folder $CKPT not found (make one: $PYTHON bench/make_checkpoint.py $CKPT)"
 [ -f "$CKPT/config.json" ] || die "$CKPT has no config.json"
 ls "$CKPT"/*.safetensors >/dev/null 2>&1 || die "$CKPT has no .safetensors files"
+case "$(realpath -m "$OUT")/" in "$REPO"/*) die "--out $OUT is inside the repository; blobs must stay out of it" ;; esac
 mkdir -p "$OUT" || die "cannot create $OUT"
-case "$(cd "$OUT" && pwd)/" in "$REPO"/*) die "--out $OUT is inside the repository; blobs must stay out of it" ;; esac
 
 # ---------------------------------------------------------------- helpers
 # field NAME FILE: value of "NAME: value" in a GNU time -v report
