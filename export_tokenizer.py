@@ -270,6 +270,7 @@ def _parse_vocab_merges(model, where):
 
 def _parse_added(tj, by_piece, where):
     added = _get(tj, "added_tokens", list, where, False, [])
+    vocab_ids = set(by_piece.values())
     out = {}
     seen = {}
     for k, a in enumerate(added):
@@ -289,6 +290,10 @@ def _parse_added(tj, by_piece, where):
         if content in seen:
             _fail("two added tokens have the same content", aw, "unique contents",
                   f"{content!r} also at id {seen[content]}")
+        if i in vocab_ids and content not in by_piece:
+            _fail("added token replaces a different vocab piece with the same id", aw,
+                  "an added token with the same content as model.vocab's piece of that id (or a new id)",
+                  f"{content!r} at id {i}", "rename the piece in model.vocab too")
         if content in by_piece and by_piece[content] != i:
             _fail("added token id differs from its vocab id", aw, f"id {by_piece[content]} (model.vocab)", i,
                   "HF would use the vocab id; fix tokenizer.json")
