@@ -1568,9 +1568,10 @@ static void run_prompt(Runner *r, const int *ids, int n) {
     r->prefill_n += n;
 }
 
+/* Generation stops at the config's eos ids and at the chat format's stop ids (<|im_end|>, <eos>). */
 static int is_eos(const ZayaModel *m, int id) {
     for (int k = 0; k < m->config.n_eos; k++) if (m->config.eos_ids[k] == id) return 1;
-    return 0;
+    return m->tokenizer && zaya_tok_is_stop(m->tokenizer, id);
 }
 
 /* Generates up to `steps` tokens after the prompt; `emit` prints each. Returns the count. */
@@ -1601,6 +1602,159 @@ static void emit_id(Runner *r, int id, int i) {
     (void)r;
     printf(i ? ",%d" : "%d", id);
     fflush(stdout);
+}
+
+/* Streams generated text: only whole UTF-8 characters are printed (zaya_tok_stream_push). Stop
+ * tokens end the text and are not printed. */
+static ZayaTokStream text_stream;
+static void emit_text(Runner *r, int id, int i) {
+    (void)i;
+    if (is_eos(r->m, id)) return;
+    size_t len;
+    const char *text = zaya_tok_stream_push(&text_stream, id, &len);
+    if (!text) die("out of memory while decoding");
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+}
+
+static void flush_text(void) {
+    size_t len;
+    const char *text = zaya_tok_stream_flush(&text_stream, &len);
+    if (text) fwrite(text, 1, len, stdout);
+    fflush(stdout);
+}
+
+static const ZayaTokenizer *need_tokenizer(const ZayaModel *m, const char *what) {
+    if (!m->tokenizer)
+        die("%s needs the tokenizer, but this blob has none\n  hint: re-export it with export_weights.py from a folder with tokenizer.json", what);
+    return m->tokenizer;
+}
+
+/* Encodes text like HF tokenizer(text) but without the trailing <|im_end|> that ZAYA1's
+ * post-processor appends: a prompt to continue is <bos> + the text's tokens (as in the fixtures). */
+static int *encode_prompt(const ZayaTokenizer *tok, const char *text, int *n_out) {
+    int *body = NULL, *ids;
+    size_t n = 0;
+    if (zaya_tok_encode(tok, text, strlen(text), 0, &body, &n) != 0) die("out of memory while encoding the prompt");
+    ids = malloc(sizeof(int) * (n + (size_t)tok->n_prefix + 1));
+    if (!ids) die("out of memory");
+    for (int k = 0; k < tok->n_prefix; k++) ids[k] = tok->prefix[k];
+    memcpy(ids + tok->n_prefix, body, sizeof(int) * n);
+    *n_out = (int)n + tok->n_prefix;
+    free(body);
+    return ids;
+}
+
+/* --encode: standard input, every byte, to HF tokenizer(text).ids on one line. */
+static void run_encode(const ZayaTokenizer *tok) {
+    size_t len = 0, cap = 1 << 16;
+    char *text = malloc(cap);
+    size_t got;
+    while (text && (got = fread(text + len, 1, cap - len, stdin)) > 0) {
+        len += got;
+        if (len == cap) text = realloc(text, cap *= 2);
+    }
+    if (!text) die("out of memory reading standard input");
+    int *ids = NULL;
+    size_t n = 0;
+    if (zaya_tok_encode(tok, text, len, 1, &ids, &n) != 0) die("cannot encode %zu bytes (out of memory, or over 256 MB)", len);
+    for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+    free(text);
+}
+
+/* Feeds rendered chat text to the model (encoded without special tokens: it carries its own <bos>). */
+static void feed_text(Runner *r, const char *text) {
+    int *ids = NULL;
+    size_t n = 0;
+    if (zaya_tok_encode(r->m->tokenizer, text, strlen(text), 0, &ids, &n) != 0) die("out of memory while encoding");
+    if (r->s->pos + (int)n > r->s->ctx)
+        die("the conversation no longer fits the context (%d + %zu tokens > %d)\n  hint: raise --ctx (max %d) or start over",
+            r->s->pos, n, r->s->ctx, r->m->config.max_position);
+    if (r->o->print_ids) {    /* --print-ids: show what the model is fed, as ids, on stderr */
+        fprintf(stderr, "[fed");
+        for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, "]\n");
+    }
+    run_prompt(r, ids, (int)n);
+    free(ids);
+}
+
+/* Closes an assistant turn as the template does (turn_end, e.g. "<|im_end|>\n"). */
+static void close_assistant_turn(Runner *r) {
+    ZayaTokStr end = r->m->tokenizer->chat.turn_end;
+    char *text = malloc(end.len + 1);
+    if (!text) die("out of memory");
+    memcpy(text, end.s, end.len);
+    text[end.len] = 0;
+    feed_text(r, text);
+    free(text);
+}
+
+/* -m chat: one user message per line of standard input. Turns are rendered with the checkpoint's chat
+ * format (the template family recorded by the exporter); the KV/conv/delayed-value state is kept
+ * across turns, so history is never prefilled again. A line "/assistant TEXT" right after a user
+ * line gives the assistant's reply instead of generating one (to replay a transcript). */
+static void run_chat(Runner *r) {
+    const ZayaTokenizer *tok = need_tokenizer(r->m, "-m chat");
+    if (tok->chat.family == ZAYA_CHAT_NONE)
+        die("this blob has no chat format\n  hint: re-export with export_weights.py --chat-format chatml|gemma");
+    const char *replay = "/assistant ";
+    int think = !r->o->no_think, turn = 0, interactive = isatty(STDIN_FILENO), have_line = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len = 0;
+    while (1) {
+        if (!have_line) {
+            if (interactive) fputs("user> ", stderr);
+            if ((len = getline(&line, &cap, stdin)) < 0) break;
+        }
+        have_line = 0;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        char *text;
+        if (turn == 0) {   /* <bos>, the system prompt, the first user turn, the generation prompt */
+            ZayaChatMessage msgs[2] = {{"system", r->o->system_prompt}, {"user", line}};
+            text = r->o->system_prompt ? zaya_tok_chat_render(tok, msgs, 2, 1, think, NULL)
+                                       : zaya_tok_chat_render(tok, msgs + 1, 1, 1, think, NULL);
+        } else {           /* the user turn and the generation prompt */
+            char *user = zaya_tok_chat_turn(tok, "user", line, NULL), *gen = zaya_tok_chat_generation_prompt(tok, think, NULL);
+            text = user && gen ? malloc(strlen(user) + strlen(gen) + 1) : NULL;
+            if (text) { strcpy(text, user); strcat(text, gen); }
+            free(user);
+            free(gen);
+        }
+        if (!text) die("out of memory rendering the chat turn");
+        feed_text(r, text);
+        free(text);
+        turn++;
+
+        if (!interactive && (len = getline(&line, &cap, stdin)) >= 0) {
+            if (!strncmp(line, replay, strlen(replay))) {   /* a given reply: feed it, do not generate */
+                while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+                feed_text(r, line + strlen(replay));
+                close_assistant_turn(r);
+                continue;
+            }
+            have_line = 1;
+        }
+        if (interactive) fputs("assistant> ", stderr);
+        int last = -1;
+        zaya_tok_stream_init(&text_stream, tok, 0);
+        generate(r, r->o->steps, r->o->print_ids ? emit_id : emit_text, &last);
+        if (!r->o->print_ids) flush_text();
+        zaya_tok_stream_free(&text_stream);
+        printf("\n");
+        fflush(stdout);
+        /* the last sampled token was not fed; a stop token is replaced by the template's turn end */
+        if (last >= 0 && !is_eos(r->m, last)) {
+            if (r->s->pos >= r->s->ctx) die("the conversation no longer fits the context (%d tokens)\n  hint: raise --ctx (max %d)", r->s->ctx, r->m->config.max_position);
+            run_prompt(r, &last, 1);
+        }
+        close_assistant_turn(r);
+        if (have_line && !strncmp(line, replay, strlen(replay))) have_line = 0;
+    }
+    free(line);
 }
 
 static void report_speed(const Runner *r, double load_s) {
@@ -1658,9 +1812,27 @@ int main(int argc, char **argv) {
     double load_s = now_s() - t0;
     const ZayaConfig *c = &m.config;
 
+    if (o.encode) {
+        run_encode(need_tokenizer(&m, "--encode"));
+        zaya_free(&m);
+        return 0;
+    }
+    if (o.decode_ids) {
+        int n = 0;
+        int *ids = parse_ids(o.decode_ids, 0x7fffffff, &n);
+        size_t len;
+        char *text = zaya_tok_decode(need_tokenizer(&m, "--decode"), ids, (size_t)n, 0, &len);
+        if (!text) die("out of memory while decoding");
+        fwrite(text, 1, len, stdout);
+        free(text);
+        free(ids);
+        zaya_free(&m);
+        return 0;
+    }
     int n_prompt = 0;
     int *prompt = NULL;
     if (o.ids) prompt = parse_ids(o.ids, c->vocab_size, &n_prompt);
+    else if (o.prompt) prompt = encode_prompt(need_tokenizer(&m, "-i"), o.prompt, &n_prompt);
     if (o.dump_dir) {
         if (!prompt) die("--dump needs a prompt: --ids 2,818,... or -i TEXT");
         make_dump_dir(o.dump_dir);
@@ -1674,7 +1846,9 @@ int main(int argc, char **argv) {
     s.skip_expert = o.skip_expert;
     if (o.batch) s.batch = o.batch;
     if (o.list_taps) { list_taps(&m, &s); zaya_state_free(&s); zaya_free(&m); return 0; }
-    if (!prompt) die("no prompt\n  hint: give -i \"text\" or --ids 2,818,...");
+    int chat = !strcmp(o.mode, "chat");
+    if (!prompt && !chat) die("no prompt\n  hint: give -i \"text\" or --ids 2,818,..., or use -m chat");
+    if (chat && (prompt || o.dump_dir)) die("-m chat reads the user's messages from standard input: give no -i, --ids or --dump");
     if (n_prompt > ctx) die("the prompt has %d tokens but the context holds %d\n  hint: raise --ctx (max %d)", n_prompt, ctx, c->max_position);
 
     Dump dump = {0};
@@ -1687,15 +1861,26 @@ int main(int argc, char **argv) {
         s.tap = dump_tap;
         s.tap_ctx = &dump;
     }
-    Runner r = {&m, &s, &o, o.seed ? o.seed : 0x9E3779B97F4A7C15ull, NULL, c->vocab_size, 0, 0, 0, 0};
+    /* never sample an id the tokenizer cannot print (the embedding has padding rows beyond it) */
+    int limit = m.tokenizer && m.tokenizer->n_tokens < c->vocab_size ? m.tokenizer->n_tokens : c->vocab_size;
+    Runner r = {&m, &s, &o, o.seed ? o.seed : 0x9E3779B97F4A7C15ull, NULL, limit, 0, 0, 0, 0};
     r.scratch = malloc(sizeof(ProbIndex) * (size_t)c->vocab_size);
     if (!r.scratch) die("out of memory");
-    run_prompt(&r, prompt, n_prompt);
-    int last = -1;
-    if (o.steps > 0) {
-        s.tap = NULL;   /* dumps cover the prompt positions only */
-        generate(&r, o.steps, emit_id, &last);
-        printf("\n");
+    if (chat) run_chat(&r);
+    else {
+        run_prompt(&r, prompt, n_prompt);
+        int last = -1;
+        if (o.steps > 0) {
+            s.tap = NULL;   /* dumps cover the prompt positions only */
+            if (o.print_ids || !m.tokenizer) generate(&r, o.steps, emit_id, &last);
+            else {
+                zaya_tok_stream_init(&text_stream, m.tokenizer, 0);
+                generate(&r, o.steps, emit_text, &last);
+                flush_text();
+                zaya_tok_stream_free(&text_stream);
+            }
+            printf("\n");
+        }
     }
     if (o.dump_dir) {
         zaya_state_taps(&m, &s, dump_state_tap, &dump);

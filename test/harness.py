@@ -37,9 +37,9 @@ def need_fixtures(*parts):
     return path
 
 
-def run(cmd, **kw):
-    """Runs cmd in the repo root; returns (returncode, stdout, stderr) as text."""
-    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+def run(cmd, input=b"", **kw):
+    """Runs cmd in the repo root with `input` (bytes) on stdin; returns (returncode, stdout, stderr) as text."""
+    p = subprocess.run(cmd, cwd=ROOT, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
 
 

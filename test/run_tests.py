@@ -20,6 +20,7 @@ TESTS = [
     ("kernels", ["build/test_kernels", "test/test_kernels.c"]),
     ("engine", [sys.executable, "test/test_engine.py"]),
     ("int8", [sys.executable, "test/test_int8.py"]),
+    ("cli", [sys.executable, "test/test_cli.py"]),
     ("tokenizer", [sys.executable, "test/test_tokenizer.py"]),
     ("dims", [sys.executable, "test/test_dims.py"]),
     ("compare", [sys.executable, "test/test_compare.py"]),

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""test_cli.py - the main job through the command line: text in, text out, chat.
+
+    make zaya && python3 test/test_cli.py
+
+- -i TEXT encodes like HF tokenizer(text) without the trailing <|im_end|> (a prompt to continue);
+- --encode / --decode agree with the HF cases for the fixture prompt;
+- generation streams text, is reproducible with -s, and never samples an id the tokenizer lacks;
+- a two-turn chat feeds exactly the token sequence of the chat template's rendering
+  (tokenizer fixture case encode/chatml/two_turn_gen, rendered by Jinja with the real template),
+  replaying the assistant's first reply with a "/assistant TEXT" line;
+- --skip-expert passthrough and --print-ids with -t 0 reproduce golden_zyphra's greedy tokens.
+"""
+import base64
+import json
+import os
+
+from harness import BUILD, FIXTURES, check, finish, need_fixtures, prompt_ids, run
+
+PUBLIC = need_fixtures("public")
+CASES = need_fixtures("tokenizer", "cases.jsonl")
+os.makedirs(BUILD, exist_ok=True)
+blob = os.path.join(BUILD, "cli_native.bin")
+rc, _, err = run(["python3", "export_weights.py", os.path.join(PUBLIC, "checkpoint_native"), blob])
+check(rc == 0, "export the native fixture with its tokenizer", err[-300:])
+cases = {}
+with open(CASES) as f:
+    for line in f:
+        d = json.loads(line)
+        cases[d["name"]] = d
+with open(os.path.join(PUBLIC, "index.json")) as f:
+    prompt = json.load(f)["prompt"]
+
+# -i TEXT = <bos> + encode(text, add_special_tokens=False): the fixture's own prompt ids
+rc, out, err = run(["./zaya", blob, "-i", prompt["text"], "-n", "0", "--print-ids", "--dump", os.path.join(BUILD, "cli_dump"),
+                    "--dump-filter", "^logits$"])
+with open(os.path.join(BUILD, "cli_dump", "index.json")) as f:
+    toks = json.load(f)["tokens"]
+check(rc == 0 and toks == prompt_ids(), "-i TEXT gives the fixture prompt's ids (<bos> + text)", f"{toks[:8]}... {err[-200:]}")
+
+case = cases["encode/english/sentence/2"]
+text = base64.b64decode(case["text_b64"])
+rc, out, err = run(["./zaya", blob, "--encode"], input=text)
+check(rc == 0 and out.strip() == ",".join(map(str, case["ids"])), "--encode prints HF tokenizer(text) ids", out[:200] + err[-200:])
+rc, out, err = run(["./zaya", blob, "--decode", ",".join(map(str, case["ids"]))])
+want = base64.b64decode(cases["decode/of_encode/english/sentence/2"]["text_b64"]).decode() \
+    if "decode/of_encode/english/sentence/2" in cases else "<bos>" + text.decode() + "<|im_end|>"
+check(rc == 0 and out == want, "--decode prints HF decode(ids) with no added newline", repr(out[:120]))
+
+# generation: text streamed, reproducible with a seed
+args = ["./zaya", blob, "-i", "The old lighthouse keeper", "-n", "24", "-t", "0.9", "-p", "0.95", "-s", "7"]
+rc1, out1, err1 = run(args)
+rc2, out2, _ = run(args)
+check(rc1 == 0 and out1 == out2 and len(out1.strip()) > 0, "generation from text is reproducible with -s", err1[-200:])
+check("prefill:" in err1 and "decode:" in err1 and "tok/s" in err1, "prefill and decode speed reported on stderr", err1[-200:])
+rc, out, err = run(args[:-2] + ["-s", "7", "--print-ids", "-t", "1.5", "-p", "1"])
+ids = [int(x) for x in out.strip().split(",")] if rc == 0 and out.strip() else []
+check(ids and max(ids) < 262147, "sampling never picks an id the tokenizer does not have (< 262147)", out[:200])
+
+# chat: two turns against the template's rendering
+c = cases["encode/chatml/two_turn_gen"]
+rendered = base64.b64decode(c["text_b64"]).decode()
+script = "What is 2+2?\n/assistant 2 + 2 = 4.\nAnd 3+3?\n"
+check("What is 2+2?" in rendered and "2 + 2 = 4." in rendered and "And 3+3?" in rendered,
+      "the chat case is the conversation this test replays", rendered[:200])
+rc, out, err = run(["./zaya", blob, "-m", "chat", "-y", "You are a helpful assistant.", "-n", "0", "--print-ids"],
+                   input=script.encode())
+fed = [int(x) for line in err.splitlines() if line.startswith("[fed") for x in line[5:-1].split()]
+want = c["ids_no_special"]
+check(rc == 0 and fed[:len(want)] == want and fed[len(want):] == [106, 107],
+      "two-turn chat feeds exactly the chat template's tokens (KV state kept across turns)",
+      f"fed {fed[:12]}... ({len(fed)} ids), want {want[:12]}... ({len(want)} ids); {err[-200:]}")
+
+# greedy with --skip-expert passthrough from the legacy layout
+legacy = os.path.join(BUILD, "cli_legacy.bin")
+rc, _, err = run(["python3", "export_weights.py", os.path.join(PUBLIC, "checkpoint_legacy"), legacy])
+rc, out, err = run(["./zaya", legacy, "--ids", ",".join(map(str, prompt_ids())), "-n", "16", "-t", "0", "--print-ids",
+                    "--skip-expert", "passthrough"])
+from harness import read_npy  # noqa: E402
+want = list(read_npy(os.path.join(PUBLIC, "golden_zyphra", "greedy_tokens.npy"))[1])
+check(rc == 0 and [int(x) for x in out.strip().split(",")] == want,
+      "legacy blob, --skip-expert passthrough: greedy tokens equal golden_zyphra", out[:200] + err[-200:])
+finish()
