@@ -578,7 +578,7 @@ int zaya_tok_encode(const ZayaTokenizer *t, const char *text, size_t len, int ad
  * U+FFFD per byte. Returns the end of the written text. */
 static char *flush_run(char *o, const unsigned char *run, size_t n) {
     if (utf8_valid(run, n)) {
-        memmove(o, run, n);
+        if (n) memmove(o, run, n);
         return o + n;
     }
     for (size_t i = 0; i < n; i++, o += 3) memcpy(o, REPLACEMENT, 3);

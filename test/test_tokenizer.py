@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""test_tokenizer.py - the tokenizer tests: export_tokenizer.py + tokenizer.c against the Hugging Face
+cases in ../shared/fixtures/tokenizer (or $ZAYA_FIXTURES/tokenizer), run from the repo root:
+
+    python3 test/test_tokenizer.py
+
+It (1) builds the section with export_tokenizer.py into build/tokenizer_section.bin, (2) checks that
+export_tokenizer.py refuses bad inputs with a ValueError (and follows checkpoint pointer files),
+(3) writes build/tokenizer_lossy.jsonl (invalid UTF-8 / random bytes with Python's lossy decode),
+(4) compiles and runs test/test_tokenizer.c (optimized, then under ASan/UBSan):
+    cc -O2 -std=c11 -Wall -Wextra -Werror -pedantic -I. test/test_tokenizer.c tokenizer.c -o build/test_tokenizer
+    build/test_tokenizer build/tokenizer_section.bin FIXTURES/tokenizer/cases.jsonl \
+        build/tokenizer_lossy.jsonl FIXTURES/tokenizer/english_1mb.txt
+Output: one line per check, PASS <name> / FAIL <name>: <detail>; exit status 1 if anything failed.
+Missing fixtures are a failure, never a skip.
+"""
+import base64
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+FIXTURES = os.environ.get("ZAYA_FIXTURES") or os.path.join(ROOT, "..", "shared", "fixtures")
+TOK = os.path.join(FIXTURES, "tokenizer")
+BUILD = os.path.join(ROOT, "build")
+failed = 0
+
+
+def report(ok, name, detail=""):
+    global failed
+    if ok:
+        print(f"PASS {name}", flush=True)
+    else:
+        failed += 1
+        print(f"FAIL {name}: {detail}", flush=True)
+
+
+def export_errors(model_dir):
+    """export_tokenizer.py must raise ValueError (never another exception) on bad input."""
+    import export_tokenizer as et
+    with open(os.path.join(model_dir, "tokenizer.json"), "rb") as f:
+        tj_raw = f.read()
+    with open(os.path.join(model_dir, "tokenizer_config.json"), "rb") as f:
+        cfg_raw = f.read()
+    tj = json.loads(tj_raw)
+    cfg = json.loads(cfg_raw)
+
+    def variant(mut_tj=None, mut_cfg=None, raw_tj=None, raw_cfg=None):
+        d = tempfile.mkdtemp(prefix="zaya_tok_", dir=BUILD)
+        t2 = json.loads(json.dumps(tj)) if mut_tj else None
+        c2 = json.loads(json.dumps(cfg)) if mut_cfg else None
+        if mut_tj:
+            mut_tj(t2)
+        if mut_cfg:
+            mut_cfg(c2)
+        with open(os.path.join(d, "tokenizer.json"), "wb") as f:
+            f.write(raw_tj if raw_tj is not None else json.dumps(t2).encode() if t2 is not None else tj_raw)
+        with open(os.path.join(d, "tokenizer_config.json"), "wb") as f:
+            f.write(raw_cfg if raw_cfg is not None else json.dumps(c2).encode() if c2 is not None else cfg_raw)
+        return d
+
+    def setk(path, value):
+        def f(o):
+            for k in path[:-1]:
+                o = o[k]
+            o[path[-1]] = value
+        return f
+
+    cases = [
+        ("truncated JSON", dict(raw_tj=tj_raw[:1000])),
+        ("not UTF-8", dict(raw_cfg=b'{"a": "\xff"}')),
+        ("JSON array", dict(raw_tj=b"[1, 2]")),
+        ("model.type WordPiece", dict(mut_tj=setk(["model", "type"], "WordPiece"))),
+        ("byte_fallback false", dict(mut_tj=setk(["model", "byte_fallback"], False))),
+        ("ignore_merges", dict(mut_tj=setk(["model", "ignore_merges"], True))),
+        ("normalizer NFKC", dict(mut_tj=setk(["normalizer"], {"type": "NFKC"}))),
+        ("Metaspace pre_tokenizer", dict(mut_tj=setk(["pre_tokenizer"], {"type": "Metaspace"}))),
+        ("other decoder", dict(mut_tj=setk(["decoder"], {"type": "ByteLevel"}))),
+        ("vocab not an object", dict(mut_tj=setk(["model", "vocab"], [1, 2]))),
+        ("vocab id a string", dict(mut_tj=setk(["model", "vocab", "<bos>"], "2"))),
+        ("merges not a list", dict(mut_tj=setk(["model", "merges"], 7))),
+        ("merge of unknown piece", dict(mut_tj=lambda o: o["model"]["merges"].append(["zz\u00e9\u00e9q", "x"]))),
+        ("merge wrong shape", dict(mut_tj=lambda o: o["model"]["merges"].insert(3, ["a", "b", "c"]))),
+        ("lstrip added token", dict(mut_tj=lambda o: o["added_tokens"][5].update(lstrip=True))),
+        ("added token without content", dict(mut_tj=lambda o: o["added_tokens"][5].pop("content"))),
+        ("added token id wrong type", dict(mut_tj=lambda o: o["added_tokens"][5].update(id=None))),
+        ("missing model", dict(mut_tj=lambda o: o.pop("model"))),
+        ("bos_token unknown", dict(mut_cfg=setk(["bos_token"], "<nope>"))),
+        ("add_bos_token not bool", dict(mut_cfg=setk(["add_bos_token"], "yes"))),
+        ("chat_template unknown family", dict(mut_cfg=setk(["chat_template"], "{{ messages }}"))),
+        ("chat_template missing", dict(mut_cfg=lambda o: o.pop("chat_template"))),
+        ("chat_template wrong type", dict(mut_cfg=setk(["chat_template"], 5))),
+    ]
+    bad = []
+    for name, kw in cases:
+        d = variant(**kw)
+        try:
+            et.build_tokenizer_section(d)
+            bad.append(f"{name}: accepted")
+        except ValueError as e:
+            msg = str(e)
+            if "expected" not in msg and "hint" not in msg:
+                bad.append(f"{name}: message without expected/hint: {msg[:100]!r}")
+        except Exception as e:   # noqa: BLE001 - the point of the test
+            bad.append(f"{name}: {type(e).__name__}: {e}")
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    report(not bad, f"export_tokenizer.py refuses bad input with ValueError ({len(cases)} cases)", "; ".join(bad[:5]))
+
+    # chat_format argument: forced formats, "none", and an unknown value
+    probs = []
+    for fmt in ("chatml", "none"):
+        try:
+            et.build_tokenizer_section(model_dir, fmt)
+        except ValueError as e:
+            probs.append(f"{fmt}: {e}")
+    for fmt in ("gemma", "llama3", 5):     # gemma: this vocab has no <start_of_turn> token
+        try:
+            et.build_tokenizer_section(model_dir, fmt)
+            probs.append(f"{fmt!r} accepted")
+        except ValueError:
+            pass
+        except Exception as e:  # noqa: BLE001
+            probs.append(f"{fmt!r}: {type(e).__name__}")
+    d = tempfile.mkdtemp(prefix="zaya_tok_", dir=BUILD)
+    try:
+        et.build_tokenizer_section(d)
+        probs.append("empty folder accepted")
+    except ValueError:
+        pass
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    report(not probs, "export_tokenizer.py chat_format argument (chatml, none; gemma/unknown refused)",
+           "; ".join(probs))
+
+
+def pointer_files(model_dir, ref):
+    """a checkpoint folder whose tokenizer files are git symlinks checked out as text, and real symlinks"""
+    import export_tokenizer as et
+    d = tempfile.mkdtemp(prefix="zaya_tok_", dir=BUILD)
+    try:
+        sub = os.path.join(d, "ckpt")
+        os.makedirs(sub)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            os.symlink(os.path.abspath(os.path.join(model_dir, name)), os.path.join(d, name))
+            with open(os.path.join(sub, name), "w") as f:
+                f.write(f"../{name}")
+        a = et.build_tokenizer_section(sub)
+        b = et.build_tokenizer_section(d)
+        report(a == ref and b == ref, "export_tokenizer.py follows pointer files and symlinks",
+               "section differs")
+    except ValueError as e:
+        report(False, "export_tokenizer.py follows pointer files and symlinks", str(e))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def lossy_cases(path):
+    rng = random.Random(1234)
+    vectors = [b"\xe4\xb8a", b"\xff", b"\xfe\xff", b"\xf0\x9f\x98", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80",
+               b"\xe2\x82\xac", b"\xf0\x9f\x98\x80\x80", b"a\x80\x80b", b"\xe0\x80\x80", b"\xf8\x88\x80\x80\x80",
+               b"<bos\xff>", b"<bos>\xff<|im_end|>", b"\xc3", b"x\xc3", b"\xc3 y", b"\n\xe4\xb8\n\xad\n",
+               b"\xed\xbf\xbf", b"\xf4\x8f\xbf\xbf", b"\x00\xff\x00", b"  \x80  "]
+    for k in range(300):
+        n = rng.randrange(0, 120)
+        if k % 3 == 0:
+            s = bytes(rng.randrange(256) for _ in range(n))
+        elif k % 3 == 1:   # mostly text with a few bad bytes
+            s = bytearray("The quick <|im_start|> \u4e2d\u6587 caf\u00e9 \U0001F600\n\n\t".encode() * (1 + n // 40))
+            for _ in range(rng.randrange(1, 5)):
+                s[rng.randrange(len(s))] = rng.randrange(128, 256)
+            s = bytes(s)
+        else:              # bytes from the UTF-8 building blocks
+            s = bytes(rng.choice([0x41, 0x20, 0x0A, 0x3C, 0xC3, 0xA9, 0xE4, 0xB8, 0xAD, 0xF0, 0x9F, 0x98, 0x80,
+                                  0xED, 0xA0, 0xF4, 0x90, 0xBF]) for _ in range(n))
+        vectors.append(s)
+    with open(path, "w") as f:
+        for k, raw in enumerate(vectors):
+            exp = raw.decode("utf-8", "replace")
+            if "\u2581" in exp:
+                continue
+            f.write(json.dumps({"name": f"lossy/{k}", "kind": "lossy", "text_b64": base64.b64encode(raw).decode(),
+                                "expect_b64": base64.b64encode(exp.encode()).decode()}) + "\n")
+
+
+def main():
+    os.makedirs(BUILD, exist_ok=True)
+    model_dir = os.path.join(TOK, "model")
+    need = [os.path.join(model_dir, "tokenizer.json"), os.path.join(model_dir, "tokenizer_config.json"),
+            os.path.join(TOK, "cases.jsonl"), os.path.join(TOK, "english_1mb.txt")]
+    missing = [p for p in need if not os.path.exists(p)]
+    if missing:
+        report(False, "tokenizer fixtures", f"missing {', '.join(missing)} (set ZAYA_FIXTURES or put "
+               "../shared/fixtures beside the repo)")
+        return 1
+    import export_tokenizer
+    section_path = os.path.join(BUILD, "tokenizer_section.bin")
+    try:
+        ref = export_tokenizer.build_tokenizer_section(model_dir)
+    except ValueError as e:
+        report(False, "export_tokenizer.py builds the fixture section", str(e))
+        return 1
+    with open(section_path, "wb") as f:
+        f.write(ref)
+    report(True, f"export_tokenizer.py builds the fixture section ({len(ref) / 1e6:.1f} MB)")
+    export_errors(model_dir)
+    pointer_files(model_dir, ref)
+    lossy = os.path.join(BUILD, "tokenizer_lossy.jsonl")
+    lossy_cases(lossy)
+
+    cc = os.environ.get("CC", "cc")
+    flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I."]
+    args = [section_path, os.path.join(TOK, "cases.jsonl"), lossy, os.path.join(TOK, "english_1mb.txt")]
+    builds = [("test_tokenizer", ["-O2"]),
+              ("test_tokenizer_asan", ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"])]
+    for exe, opt in builds:
+        out = os.path.join(BUILD, exe)
+        cmd = [cc] + opt + flags + ["test/test_tokenizer.c", "tokenizer.c", "-o", out]
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if p.returncode:
+            report(False, f"compile {exe}", " ".join(cmd) + "\n" + p.stderr[-2000:])
+            continue
+        print(f"== {exe}", flush=True)
+        p = subprocess.run([out] + args, cwd=ROOT, capture_output=True, text=True, errors="replace")
+        for line in p.stdout.splitlines():
+            if line.startswith("PASS "):
+                line = line.replace("PASS tokenizer", f"PASS {'asan ' if 'asan' in exe else ''}tokenizer", 1)
+            elif line.startswith("FAIL "):
+                line = line.replace("FAIL tokenizer", f"FAIL {'asan ' if 'asan' in exe else ''}tokenizer", 1)
+            print(line)
+        n_fail = sum(line.startswith("FAIL ") for line in p.stdout.splitlines())
+        global failed
+        failed += n_fail
+        if p.returncode and not n_fail:
+            report(False, f"{exe} exited with status {p.returncode}", p.stderr[-3000:])
+        elif p.returncode == 0 and p.stderr.strip():
+            print(p.stderr[-2000:])
+    print(f"tokenizer tests: {'FAILED' if failed else 'all passed'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
