@@ -424,11 +424,13 @@ static void push_pair(const ZayaTokenizer *t, Encoder *e, int left) {
  * char by char, and the pre-tokenizer has nothing left to split, so the stretch is one word. */
 static void bpe_word(const ZayaTokenizer *t, Encoder *e, const unsigned char *s, size_t n) {
     if (!n) return;
-    if (e->sym_cap < n) {                       /* at most one symbol per byte */
-        Symbol *sym = realloc(e->sym, n * sizeof *sym);
+    /* at most one symbol per byte, except a ' ' that falls back to the 3 bytes of U+2581 */
+    size_t need = t->ascii_ids[' '] >= 0 ? n : 3 * n;
+    if (e->sym_cap < need) {
+        Symbol *sym = realloc(e->sym, need * sizeof *sym);
         if (!sym) { e->oom = 1; return; }
         e->sym = sym;
-        e->sym_cap = n;
+        e->sym_cap = need;
     }
     /* 1. initial symbols, one per char (HF merge_word): the vocab piece of the char, else its bytes as
      *    <0xNN> tokens (byte_fallback), else <unk> (consecutive unknown chars fused when fuse_unk) */

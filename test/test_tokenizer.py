@@ -188,6 +188,153 @@ def lossy_cases(path):
                                 "expect_b64": base64.b64encode(exp.encode()).decode()}) + "\n")
 
 
+# ---- a second, smaller tokenizer made from the fixture (a vocab with holes, fewer merges, another
+# chat template) and a plain Python reference of the HF algorithm (README "Exact semantics"), so the
+# C code is checked on a vocabulary it was not developed on
+
+def mini_tokenizer(model_dir, out_dir, keep_below=12000):
+    with open(os.path.join(model_dir, "tokenizer.json"), encoding="utf-8") as f:
+        tj = json.load(f)
+    with open(os.path.join(model_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    vocab = {p: i for p, i in tj["model"]["vocab"].items() if i < keep_below}
+    tj["model"]["vocab"] = vocab
+    tj["model"]["merges"] = [m for m in tj["model"]["merges"] if m[0] in vocab and m[1] in vocab and m[0] + m[1] in vocab]
+    tj["added_tokens"] = [a for a in tj["added_tokens"] if a["id"] < keep_below or a["content"] not in
+                          tj_pieces_all(a, model_dir)]
+    # a ChatML template without thinking, and <think> as a special token
+    for a in tj["added_tokens"]:
+        if a["content"] == "<think>":
+            a["special"] = True
+    cfg["chat_template"] = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + " \
+                           "'<|im_end|>\\n' }}{% endfor %}"
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tj, f, ensure_ascii=False)
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg, f, ensure_ascii=False)
+    return tj, cfg
+
+
+def tj_pieces_all(a, model_dir):
+    return () if a["id"] >= 262144 else (a["content"],)
+
+
+class RefTokenizer:
+    """The HF algorithm in plain Python: added tokens leftmost-longest, ' ' -> U+2581, BPE by repeatedly
+    merging the leftmost lowest-rank pair, byte fallback, TemplateProcessing; decode with ByteFallback."""
+
+    def __init__(self, tj, prefix, suffix):
+        self.vocab = tj["model"]["vocab"]
+        self.ranks = {}
+        for r, (a, b) in enumerate(tj["model"]["merges"]):
+            self.ranks[(a, b)] = r
+        self.added = {a["content"]: a["id"] for a in tj["added_tokens"]}
+        self.special = {a["content"] for a in tj["added_tokens"] if a["special"]}
+        self.id2tok = {i: p for p, i in self.vocab.items()}
+        self.id2tok.update({i: c for c, i in self.added.items()})
+        self.maxlen = max(len(c) for c in self.added)
+        self.prefix, self.suffix = prefix, suffix
+        self.unk = self.vocab.get(tj["model"].get("unk_token"))
+
+    def bpe(self, word):
+        syms = []
+        for ch in word.replace(" ", "\u2581"):
+            if ch in self.vocab:
+                syms.append(ch)
+            elif all(f"<0x{b:02X}>" in self.vocab for b in ch.encode()):
+                syms.extend(f"<0x{b:02X}>" for b in ch.encode())
+            else:
+                syms.append(None)   # unk (never in these texts)
+        while True:
+            best = None
+            for k in range(len(syms) - 1):
+                r = self.ranks.get((syms[k], syms[k + 1]))
+                if r is not None and (best is None or r < best[0]):
+                    best = (r, k)
+            if best is None:
+                break
+            k = best[1]
+            syms[k:k + 2] = [syms[k] + syms[k + 1]]
+        return [self.vocab[s] if s is not None else self.unk for s in syms]
+
+    def encode(self, text, add_special):
+        ids, start, i = [], 0, 0
+        while i < len(text):
+            m = None
+            for n in range(min(self.maxlen, len(text) - i), 0, -1):
+                if text[i:i + n] in self.added:
+                    m = n
+                    break
+            if m is None:
+                i += 1
+                continue
+            if start < i:
+                ids += self.bpe(text[start:i])
+            ids.append(self.added[text[i:i + m]])
+            i += m
+            start = i
+        if start < len(text):
+            ids += self.bpe(text[start:])
+        return (self.prefix + ids + self.suffix) if add_special else ids
+
+    def decode(self, ids, skip):
+        out, run = [], bytearray()
+
+        def flush():
+            if run:
+                try:
+                    out.append(run.decode("utf-8"))
+                except UnicodeDecodeError:
+                    out.append("\ufffd" * len(run))
+                run.clear()
+        for i in ids:
+            t = self.id2tok.get(i)
+            if t is None or (skip and t in self.special):
+                continue
+            t = t.replace("\u2581", " ")
+            if len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+                run.append(int(t[3:5], 16))
+                continue
+            flush()
+            out.append(t)
+        flush()
+        return "".join(out)
+
+
+def other_vocab(model_dir, texts):
+    import export_tokenizer as et
+    d = os.path.join(BUILD, "tokenizer_mini")
+    tj, cfg = mini_tokenizer(model_dir, d)
+    try:
+        sec = et.build_tokenizer_section(d)
+    except ValueError as e:
+        report(False, "export_tokenizer.py builds a smaller tokenizer with id holes", str(e))
+        return None
+    report(True, f"export_tokenizer.py builds a smaller tokenizer with id holes ({len(tj['model']['vocab'])} pieces, "
+                 f"{len(tj['model']['merges'])} merges, chat format recognised)")
+    sec_path = os.path.join(BUILD, "tokenizer_mini.bin")
+    with open(sec_path, "wb") as f:
+        f.write(sec)
+    ref = RefTokenizer(tj, [2], [106])
+    rng = random.Random(7)
+    ids_all = sorted(ref.id2tok)
+    cases_path = os.path.join(BUILD, "tokenizer_mini_cases.jsonl")
+    with open(cases_path, "w") as f:
+        for k, text in enumerate(texts):
+            f.write(json.dumps({"name": f"mini/encode/{k}", "kind": "encode",
+                                "text_b64": base64.b64encode(text.encode()).decode(),
+                                "ids": ref.encode(text, True), "ids_no_special": ref.encode(text, False)}) + "\n")
+        for k in range(300):
+            ids = [rng.choice(ids_all) if rng.random() < 0.6 else rng.randrange(238, 494) if rng.random() < 0.8
+                   else rng.randrange(-5, 270000) for _ in range(rng.randrange(0, 40))]
+            f.write(json.dumps({"name": f"mini/decode/{k}", "kind": "decode", "ids": ids,
+                                "text_b64": base64.b64encode(ref.decode(ids, False).encode()).decode(),
+                                "text_skip_special_b64": base64.b64encode(ref.decode(ids, True).encode()).decode()})
+                    + "\n")
+    return sec_path, cases_path
+
+
 def main():
     os.makedirs(BUILD, exist_ok=True)
     model_dir = os.path.join(TOK, "model")
@@ -208,8 +355,20 @@ def main():
     with open(section_path, "wb") as f:
         f.write(ref)
     report(True, f"export_tokenizer.py builds the fixture section ({len(ref) / 1e6:.1f} MB)")
-    export_errors(model_dir)
-    pointer_files(model_dir, ref)
+    texts = []
+    with open(os.path.join(TOK, "cases.jsonl")) as f:
+        for line in f:
+            c = json.loads(line)
+            if c["kind"] == "encode":
+                t = base64.b64decode(c["text_b64"]).decode()
+                if len(t) <= 3000:
+                    texts.append(t)
+    mini = other_vocab(model_dir, texts)
+    mini_dir = os.path.join(BUILD, "tokenizer_mini")
+    if mini:
+        export_errors(mini_dir)
+        with open(mini[0], "rb") as f:
+            pointer_files(mini_dir, f.read())
     lossy = os.path.join(BUILD, "tokenizer_lossy.jsonl")
     lossy_cases(lossy)
 
@@ -219,14 +378,27 @@ def main():
     builds = [("test_tokenizer", ["-O2"]),
               ("test_tokenizer_asan", ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"])]
     for exe, opt in builds:
+        runs = [args + (["--quick"] if "asan" in exe else [])]
+        if mini and "asan" not in exe:
+            runs.append(["--cases-only", mini[0], mini[1]])
         out = os.path.join(BUILD, exe)
         cmd = [cc] + opt + flags + ["test/test_tokenizer.c", "tokenizer.c", "-o", out]
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if p.returncode:
             report(False, f"compile {exe}", " ".join(cmd) + "\n" + p.stderr[-2000:])
             continue
-        print(f"== {exe}", flush=True)
-        p = subprocess.run([out] + args, cwd=ROOT, capture_output=True, text=True, errors="replace")
+        for run_args in runs:
+            run_test(out, exe, run_args)
+    print(f"tokenizer tests: {'FAILED' if failed else 'all passed'}")
+    return 1 if failed else 0
+
+
+def run_test(out, exe, run_args):
+    global failed
+    if True:
+        print(f"== {os.path.relpath(out, ROOT)} {' '.join(os.path.relpath(a, ROOT) if os.sep in a else a for a in run_args)}",
+              flush=True)
+        p = subprocess.run([out] + run_args, cwd=ROOT, capture_output=True, text=True, errors="replace")
         for line in p.stdout.splitlines():
             if line.startswith("PASS "):
                 line = line.replace("PASS tokenizer", f"PASS {'asan ' if 'asan' in exe else ''}tokenizer", 1)
@@ -234,14 +406,11 @@ def main():
                 line = line.replace("FAIL tokenizer", f"FAIL {'asan ' if 'asan' in exe else ''}tokenizer", 1)
             print(line)
         n_fail = sum(line.startswith("FAIL ") for line in p.stdout.splitlines())
-        global failed
         failed += n_fail
         if p.returncode and not n_fail:
             report(False, f"{exe} exited with status {p.returncode}", p.stderr[-3000:])
         elif p.returncode == 0 and p.stderr.strip():
             print(p.stderr[-2000:])
-    print(f"tokenizer tests: {'FAILED' if failed else 'all passed'}")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
