@@ -7,6 +7,7 @@
  *   cc -O2 -std=c11 -Wall -Wextra -Werror -pedantic -I. test/test_tokenizer.c tokenizer.c -o build/test_tokenizer
  *   build/test_tokenizer build/tokenizer_section.bin ../shared/fixtures/tokenizer/cases.jsonl \
  *       build/tokenizer_lossy.jsonl ../shared/fixtures/tokenizer/english_1mb.txt
+ * Other modes used by test_tokenizer.py: --cases-only SECTION CASES (another vocabulary), --render SECTION.
  * (tokenizer_lossy.jsonl: random/invalid byte strings with Python's bytes.decode("utf-8", "replace"),
  * written by test_tokenizer.py.)
  *
@@ -629,6 +630,21 @@ int main(int argc, char **argv) {
         run_cases(&t, argv[3], 1, 1, "other-vocab ");
         free(file);
         return n_fail_total ? 1 : 0;
+    }
+    if (argc == 3 && !strcmp(argv[1], "--render")) {       /* prints a rendered conversation (chat format tests) */
+        file = read_file(argv[2], &size);
+        char err[512];
+        if (!file || zaya_tok_load(&t, file, size, err, sizeof err)) { fprintf(stderr, "cannot load %s\n", argv[2]); return 1; }
+        ZayaChatMessage m[] = {{"system", "Be brief."}, {"user", "  Hi  "}, {"assistant", "Hello!"}, {"user", "Bye"}};
+        size_t len;
+        char *r = zaya_tok_chat_render(&t, m, 4, 1, 0, &len);
+        if (!r) return 1;
+        fwrite(r, 1, len, stdout);
+        printf("|stop");
+        for (int k = 0; k < t.chat.n_stop; k++) printf(" %d", t.chat.stop[k]);
+        free(r);
+        free(file);
+        return 0;
     }
     int quick = argc == 6 && !strcmp(argv[5], "--quick");
     if (argc != 5 && !quick) {

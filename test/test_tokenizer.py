@@ -389,8 +389,60 @@ def main():
             continue
         for run_args in runs:
             run_test(out, exe, run_args)
+        if mini and "asan" not in exe:
+            chat_formats(out, model_dir)
     print(f"tokenizer tests: {'FAILED' if failed else 'all passed'}")
     return 1 if failed else 0
+
+
+def chat_formats(exe, model_dir):
+    """ChatML (no thinking switch, no <bos> in the template) and Gemma 3 variants of the small tokenizer:
+    format recognised by export_tokenizer.py, conversation rendered by tokenizer.c"""
+    import export_tokenizer as et
+    base = os.path.join(BUILD, "tokenizer_mini")
+    msgs_chatml = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n  Hi  <|im_end|>\n"
+                   "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n")
+    msgs_gemma = ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+                  "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    gemma_tmpl = ("{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = "
+                  "messages[0]['content'] + '\\n\\n' -%}{%- endif -%}{% for message in messages %}"
+                  "{{ '<start_of_turn>' + role + '\\n' }}{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}"
+                  "{% endfor %}{%- if add_generation_prompt -%}{{'<start_of_turn>model\\n'}}{%- endif -%}")
+    bad = []
+    for fmt, expect, stops in (("chatml", msgs_chatml, "106 1"), ("gemma", msgs_gemma, "106 1")):
+        d = os.path.join(BUILD, f"tokenizer_mini_{fmt}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(base, "tokenizer.json"), encoding="utf-8") as f:
+            tj = json.load(f)
+        with open(os.path.join(base, "tokenizer_config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        if fmt == "gemma":     # back to Gemma 3's names for ids 105 and 106
+            names = {105: "<start_of_turn>", 106: "<end_of_turn>"}
+            tj["model"]["vocab"] = {names.get(i, p): i for p, i in tj["model"]["vocab"].items()}
+            for a in tj["added_tokens"]:
+                a["content"] = names.get(a["id"], a["content"])
+            cfg["chat_template"] = gemma_tmpl
+            cfg["eos_token"] = "<end_of_turn>"
+            for k in list(cfg.get("added_tokens_decoder", {})):
+                if int(k) in names:
+                    cfg["added_tokens_decoder"][k]["content"] = names[int(k)]
+        with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(tj, f, ensure_ascii=False)
+        with open(os.path.join(d, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(cfg, f, ensure_ascii=False)
+        try:
+            sec = et.build_tokenizer_section(d)
+        except ValueError as e:
+            bad.append(f"{fmt}: {e}")
+            continue
+        path = os.path.join(BUILD, f"tokenizer_mini_{fmt}.bin")
+        with open(path, "wb") as f:
+            f.write(sec)
+        p = subprocess.run([exe, "--render", path], capture_output=True)
+        got = p.stdout.decode("utf-8", "replace")
+        if got != expect + "|stop " + stops:
+            bad.append(f"{fmt}: expected {expect + '|stop ' + stops!r}, got {got!r}")
+    report(not bad, "tokenizer chat formats detected and rendered (ChatML without thinking, Gemma 3)", "; ".join(bad))
 
 
 def run_test(out, exe, run_args):
