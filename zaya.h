@@ -111,9 +111,11 @@ typedef struct {
 
 /* Maps and validates a blob written by export_weights.py: header, config ranges, every tensor's
  * name, dtype, shape, offset and size against the file size (no data is read before that), then
- * the tokenizer section. verify_crc != 0 also checks every tensor's CRC-32 (reads the whole file).
- * Returns 0, or -1 with a message in err. */
-int zaya_load(ZayaModel *m, const char *path, int verify_crc, char *err, size_t errlen);
+ * the tokenizer section. flags: ZAYA_LOAD_VERIFY also checks every tensor's CRC-32 (reads the whole
+ * file); ZAYA_LOAD_HUGEPAGES copies the file into transparent-huge-page memory instead of using the
+ * mmap in place (faster decode, slower load). Returns 0, or -1 with a message in err. */
+enum { ZAYA_LOAD_VERIFY = 1, ZAYA_LOAD_HUGEPAGES = 2 };
+int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errlen);
 void zaya_free(ZayaModel *m);
 
 /* Intermediate tensors ("taps"), named by HF module path (docs/compare.md): one call per tensor per

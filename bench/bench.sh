@@ -164,8 +164,9 @@ for DT in $DTYPES; do
         RUNBUSY[$t]="$(busy_list)"
         [ -z "${RUNBUSY[$t]}" ] || note "warning: the machine is busy:${RUNBUSY[$t]} — these numbers will be low"
         ERR="$OUT/run-$DT-t$t.err"
+        # shellcheck disable=SC2086   # ZAYA_FLAGS is a list of flags
         if ! /usr/bin/time -v -o "$OUT/run-$DT-t$t.time" "$ZAYA" "$BLOB" --ids "$IDS" -n "$NGEN" -t 0 \
-                --threads "$t" --print-ids >"$OUT/run-$DT-t$t.out" 2>"$ERR"; then
+                --threads "$t" --print-ids ${ZAYA_FLAGS---hugepages} >"$OUT/run-$DT-t$t.out" 2>"$ERR"; then
             tail -5 "$ERR" >&2; die "$ZAYA failed ($ERR)"
         fi
         LOADS[$t]="$(sed -n 's/^load: \([0-9.]*\) s.*/\1/p' "$ERR" | tail -1)"

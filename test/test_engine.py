@@ -81,6 +81,8 @@ lg_legacy_zero = read_npy(os.path.join(dump(legacy, "legacy_zero"), "logits.npy"
 check(lg_legacy_zero == lg_up, "native and legacy layouts give bit-identical logits")
 lg_bf16 = read_npy(os.path.join(dump(native_bf16, "native_bf16"), "logits.npy"))[1]
 check(lg_bf16 == lg_up, "bf16 blob gives the fp32 blob's logits exactly")
+lg_huge = read_npy(os.path.join(dump(native, "hugepages", "--hugepages"), "logits.npy"))[1]
+check(lg_huge == lg_up, "--hugepages (weights copied to huge-page memory) gives identical logits")
 lg_b1 = read_npy(os.path.join(dump(native, "batch1", "--batch", "1"), "logits.npy"))[1]
 check(lg_b1 == lg_up, "prefill in batches gives the logits of token-by-token prefill exactly")
 for threads in ("1", "2"):
