@@ -173,23 +173,24 @@ static float dot_bf16(const uint16_t *w, const float *x, int n) {
     return sum_lanes(acc);
 }
 
-/* int8 weights x int16 activations for nt <= 4 tokens at once (prefill shares each weight load).
+/* int8 weights x int16 activations for nt <= Q8_TOKENS tokens at once (prefill shares each weight load).
  * Both are in the interleaved order: in a block of 8 groups, position p belongs to group p/2 % 8,
  * so 16-bit lanes pair up into 8 int32 lanes, one per group, and no horizontal sums are needed.
  * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
+#define Q8_TOKENS 8
 static inline __attribute__((always_inline)) void
 dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
          const float *xs, size_t xs_stride, int n, int group) {
-    float acc[4][LANES];
+    float acc[Q8_TOKENS][LANES];
     for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]);
     const int block = 8 * group, nb = group % 2 ? 0 : n / block;
     int b = 0;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    __m256 a[4];
+    __m256 a[Q8_TOKENS];
     for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_ps();
     if (group % 8 == 0)   /* 64 values per iteration: two 512-bit steps, two chains per token */
         for (; b < nb; b++) {
-            __m512i isum0[4], isum1[4];
+            __m512i isum0[Q8_TOKENS], isum1[Q8_TOKENS];
             for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = _mm512_setzero_si512();
             const int8_t *wb = w + (size_t)b * block;
             for (int s = 0; s < block; s += 64) {
@@ -231,12 +232,9 @@ dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16
 /* dot_q8_n with the token count fixed at compile time, so the accumulators live in registers */
 static void dot_q8(float *out, int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
                    const float *xs, size_t xs_stride, int n, int group) {
-    switch (nt) {
-    case 1: dot_q8_n(out, 1, w, ws, xq, xq_stride, xs, xs_stride, n, group); break;
-    case 2: dot_q8_n(out, 2, w, ws, xq, xq_stride, xs, xs_stride, n, group); break;
-    case 3: dot_q8_n(out, 3, w, ws, xq, xq_stride, xs, xs_stride, n, group); break;
-    default: dot_q8_n(out, 4, w, ws, xq, xq_stride, xs, xs_stride, n, group); break;
-    }
+#define CASE(k) case k: dot_q8_n(out, k, w, ws, xq, xq_stride, xs, xs_stride, n, group); break;
+    switch (nt) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8) }
+#undef CASE
 }
 
 /* Y[t][o] = W[o] . X[t] for n tokens (rows of X and Y with strides xs, ys). Each output row is one
@@ -255,9 +253,9 @@ static void matmul(float *y, int ys, const ZayaMatrix *w, const float *x, int xs
         for (int t = 0; t < n; t++) {
             if (w->dtype == ZAYA_F32) y[(size_t)t * ys + o] = dot_f32((const float *)w->data + row, x + (size_t)t * xs, cols);
             else if (w->dtype == ZAYA_BF16) y[(size_t)t * ys + o] = dot_bf16((const uint16_t *)w->data + row, x + (size_t)t * xs, cols);
-            else {   /* up to 4 tokens per pass over the row */
-                float r[4];
-                int nt = n - t < 4 ? n - t : 4;
+            else {   /* up to Q8_TOKENS tokens per pass over the row */
+                float r[Q8_TOKENS];
+                int nt = n - t < Q8_TOKENS ? n - t : Q8_TOKENS;
                 dot_q8(r, nt, (const int8_t *)w->data + row, w->scales + row / (size_t)G, xq + (size_t)t * cols, (size_t)cols,
                        xqs + (size_t)t * (cols / G), (size_t)(cols / G), cols, G);
                 for (int k = 0; k < nt; k++) y[(size_t)(t + k) * ys + o] = r[k];
@@ -843,6 +841,7 @@ static void cca_qk(const ZayaConfig *c, const ZayaLayer *L, ZayaLayerState *ls, 
     /* grouped conv (conv_qk_grouped, kernel t1, one group of d channels per head):
      * z_t[o] = b1[o] + sum_j sum_k w1[o,j,k] * a_{t-t1+1+k}[head(o)*d + j], one dot product of
      * length d*t1 per output channel */
+#pragma omp parallel for schedule(static)
     for (int o = 0; o < C; o++) {
         const int head = o / d;
         z[o] = L->conv_qk_grouped_bias[o] + dot_f32(L->conv_qk_grouped_weight + (size_t)o * d * t1,
@@ -1438,7 +1437,7 @@ static void usage(FILE *f) {
           "  --skip-expert zero|passthrough   skip-expert output: upstream zero (default) or Zyphra fork\n"
           "  --ctx N            context length (default min(4096, max_position_embeddings))\n"
           "  --threads N        OpenMP threads (results are identical for any number)\n"
-          "  --batch N          prompt tokens per batch, 1..64 (default 64; results are identical)\n"
+          "  --batch N          prompt tokens per batch, 1..256 (default 256; results are identical)\n"
           "  --verify           check every tensor's CRC-32 at load\n"
           "  --hugepages        copy the weights into huge-page memory at load: slower start, faster decode\n"
           "Inspection:\n"

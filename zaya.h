@@ -141,7 +141,7 @@ typedef struct {
 
 /* Prompts are processed in batches of up to ZAYA_BATCH tokens: each weight matrix is read once per
  * batch instead of once per token. Results are identical to running the tokens one by one. */
-#define ZAYA_BATCH 64
+#define ZAYA_BATCH 256
 
 /* Everything that changes while running: per-layer state, the position, scratch buffers. */
 typedef struct {
