@@ -104,16 +104,18 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
  * xq = round(x / xs), stored in the weights' interleaved order (zaya_q8_position). Their rounding error (~1e-5 relative) is far below the weights' int8 error,
  * so routing stays as with float32 activations, while the dot product is exact integer work. */
 static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int group) {
+    int16_t q[4096];                       /* one group in natural order (group <= 4096) */
     for (int g = 0; g < n / group; g++) {
         const float *xg = x + (size_t)g * group;
         float amax = 0.0f;
         for (int i = 0; i < group; i++) amax = fmaxf(amax, fabsf(xg[i]));
-        float s = amax / 32767.0f;
+        const float s = amax / 32767.0f, inv = s > 0.0f ? 32767.0f / amax : 0.0f;
         xs[g] = s;
-        for (int i = 0; i < group; i++) {
-            int v = s > 0.0f ? (int)roundf(xg[i] / s) : 0;
-            xq[zaya_q8_position(g * group + i, n, group)] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
+        for (int i = 0; i < group; i++) {  /* round half away from zero; |x * inv| <= 32767 */
+            float v = xg[i] * inv;
+            q[i] = (int16_t)(v + (v < 0.0f ? -0.5f : 0.5f));
         }
+        for (int i = 0; i < group; i++) xq[zaya_q8_position(g * group + i, n, group)] = q[i];
     }
 }
 
