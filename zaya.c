@@ -380,7 +380,8 @@ static const DirEntry *find_tensor(Loader *ld, const char *name, int matrix, uin
         }
         return e;
     }
-    fail(ld->err, ld->errlen, "%s: tensor %s is missing from the blob\n  %s", ld->path, name, HINT_REEXPORT);
+    fail(ld->err, ld->errlen, "%s: tensor %s is missing from the blob\n  expected: a tensor [%llu, %llu, %llu] of that name (the header's config asks for it)\n  found:    none in the %d directory entries\n  %s",
+         ld->path, name, (unsigned long long)d0, (unsigned long long)d1, (unsigned long long)d2, ld->n, HINT_REEXPORT);
     return NULL;
 }
 
@@ -461,13 +462,24 @@ static int read_config(ZayaConfig *c, const unsigned char *h, const char *path, 
             !(c->rope_theta[k] > 0.0f) || !isfinite(c->rope_theta[k]))
             return fail(err, errlen, "%s: config RoPE for layer type %d is out of range\n  expected: rotary dims even in 2..%d, theta > 0\n  found:    dims %d, theta %g\n  %s",
                         path, k, c->head_dim, c->rope_dim[k], (double)c->rope_theta[k], HINT_REEXPORT);
+    for (int k = 0; k < 2; k++) {   /* rope_dim = int(head_dim * factor) is what is used; the factor must agree */
+        double r = c->head_dim * (double)c->partial_rotary_factor[k];   /* (the factor is a float32 here) */
+        if (!(c->partial_rotary_factor[k] > 0.0f && c->partial_rotary_factor[k] <= 1.0f) || !(r > c->rope_dim[k] - 0.01 && r < c->rope_dim[k] + 1.0))
+            return fail(err, errlen, "%s: config partial_rotary_factor of layer type %d is out of range\n  expected: 0 < factor <= 1 with int(head_dim %d x factor) = rotary dims %d\n  found:    %g\n  %s",
+                        path, k, c->head_dim, c->rope_dim[k], (double)c->partial_rotary_factor[k], HINT_REEXPORT);
+    }
+    if (rd_u32(p + 112) != 1)
+        return fail(err, errlen, "%s: config tie_word_embeddings is not supported\n  expected: 1 (the LM head is the embedding)\n  found:    %u\n  %s", path, rd_u32(p + 112), HINT_REEXPORT);
+    if (memchr(h + 512, 0, 512) == NULL)
+        return fail(err, errlen, "%s: header provenance is not NUL-terminated\n  expected: a NUL within its 512 bytes\n  found:    none\n  %s", path, HINT_REEXPORT);
     if (!(c->rms_norm_eps > 0.0f) || !(c->rms_norm_eps < 1.0f))
         return fail(err, errlen, "%s: config rms_norm_eps is out of range\n  expected: 0 < eps < 1\n  found:    %g\n  %s", path, (double)c->rms_norm_eps, HINT_REEXPORT);
     int ids[2 + ZAYA_MAX_EOS] = {c->bos_id, c->pad_id};
     for (int k = 0; k < c->n_eos; k++) ids[2 + k] = c->eos_ids[k];
     for (int k = 0; k < 2 + c->n_eos; k++)
         if (ids[k] < 0 || ids[k] >= c->vocab_size)
-            return fail(err, errlen, "%s: config special token id %d is outside the vocabulary\n  expected: 0..%d\n  %s", path, ids[k], c->vocab_size - 1, HINT_REEXPORT);
+            return fail(err, errlen, "%s: config special token id %d (%s) is outside the vocabulary\n  expected: 0..%d\n  found:    %d\n  %s",
+                        path, ids[k], k == 0 ? "bos" : k == 1 ? "pad" : "eos", c->vocab_size - 1, ids[k], HINT_REEXPORT);
     for (int l = 0; l < ZAYA_MAX_LAYERS; l++) {
         int t = c->layer_types[l];
         if (l < c->num_layers && t != ZAYA_HYBRID && t != ZAYA_HYBRID_SLIDING)
@@ -525,10 +537,15 @@ static int bind_tensors(ZayaModel *m, Loader *ld) {
             return -1;
     }
 #undef NAME
-    for (int i = 0; i < ld->n; i++)
-        if (!ld->dir[i].used)
-            return fail(ld->err, ld->errlen, "%s: unexpected tensor %s in the blob\n  expected: only the tensors of docs/architecture.md 2.2 for this config\n  %s",
-                        ld->path, ld->dir[i].name, HINT_REEXPORT);
+    for (int i = 0; i < ld->n; i++) {
+        if (ld->dir[i].used) continue;
+        for (int j = 0; j < ld->n; j++)   /* an unused entry with the name of a used one is a duplicate */
+            if (ld->dir[j].used && strcmp(ld->dir[j].name, ld->dir[i].name) == 0)
+                return fail(ld->err, ld->errlen, "%s: tensor %s appears twice in the directory (entries %d and %d)\n  expected: every tensor once\n  %s",
+                            ld->path, ld->dir[i].name, j, i, HINT_REEXPORT);
+        return fail(ld->err, ld->errlen, "%s: unexpected tensor %s in the blob\n  expected: only the tensors of docs/architecture.md 2.2 for this config\n  %s",
+                    ld->path, ld->dir[i].name, HINT_REEXPORT);
+    }
     return 0;
 }
 
@@ -548,9 +565,11 @@ static int read_directory(Loader *ld, const unsigned char *h, uint64_t data_off,
             e->shape[k] = rd_u64(p + NAME_SIZE + 8 + 8 * k);
             if (e->shape[k] == 0 || e->shape[k] > (1ull << 32))
                 return fail(ld->err, ld->errlen, "%s: tensor %s has dimension %d = %llu\n  expected: 1..2^32\n  %s", ld->path, e->name, k, (unsigned long long)e->shape[k], HINT_REEXPORT);
+            if (numel > (1ull << 40) / e->shape[k])   /* checked before multiplying: no wrap-around */
+                return fail(ld->err, ld->errlen, "%s: tensor %s is impossibly large\n  expected: at most 2^40 values\n  found:    shape [%llu, %llu, %llu, %llu]\n  %s",
+                            ld->path, e->name, (unsigned long long)rd_u64(p + NAME_SIZE + 8), (unsigned long long)rd_u64(p + NAME_SIZE + 16),
+                            (unsigned long long)rd_u64(p + NAME_SIZE + 24), (unsigned long long)rd_u64(p + NAME_SIZE + 32), HINT_REEXPORT);
             numel *= e->shape[k];
-            if (numel > (1ull << 40))
-                return fail(ld->err, ld->errlen, "%s: tensor %s is impossibly large\n  %s", ld->path, e->name, HINT_REEXPORT);
         }
         e->offset = rd_u64(p + NAME_SIZE + 40);
         e->nbytes = rd_u64(p + NAME_SIZE + 48);
@@ -619,8 +638,8 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
     uint64_t size = (uint64_t)st.st_size;
     if (size < HEADER_SIZE) {
         close(fd);
-        return fail(err, errlen, "%s is too small to be a zaya.c model (%llu bytes)\n  expected: at least %d bytes\n  hint: the file is empty or truncated; re-export it with export_weights.py",
-                    path, (unsigned long long)size, HEADER_SIZE);
+        return fail(err, errlen, "%s is too small to be a zaya.c model\n  expected: at least %d bytes\n  found:    %llu bytes\n  hint: the file is empty or truncated; re-export it with export_weights.py",
+                    path, HEADER_SIZE, (unsigned long long)size);
     }
     void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
@@ -638,9 +657,12 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
     const unsigned char *h = map;
 
     if (memcmp(h, "ZAYABLOB", 8) != 0) {
-        zaya_free(m);
-        return fail(err, errlen, "%s is not a zaya.c model\n  expected: magic \"ZAYABLOB\"\n  found:    \"%.8s\"\n  hint: a Hugging Face checkpoint folder must first be exported: python3 export_weights.py CKPT_DIR OUT.bin",
-                    path, (const char *)h);
+        char found[8 * 4 + 1], *q = found;   /* the first 8 bytes, non-printable ones as \xHH */
+        for (int k = 0; k < 8; k++) q += sprintf(q, h[k] >= 0x20 && h[k] < 0x7f && h[k] != '"' && h[k] != '\\' ? "%c" : "\\x%02x", h[k]);
+        fail(err, errlen, "%s is not a zaya.c model\n  expected: magic \"ZAYABLOB\"\n  found:    \"%s\"%s\n  hint: a Hugging Face checkpoint folder must first be exported: python3 export_weights.py CKPT_DIR OUT.bin",
+             path, found, h[8] == '{' ? " (a safetensors file?)" : "");
+        zaya_free(m);   /* after the message: h points into the mapping */
+        return -1;
     }
     uint32_t version = rd_u32(h + 8);
     if (version != ZAYA_FORMAT_VERSION) {
@@ -1455,30 +1477,38 @@ static void usage(FILE *f) {
 }
 
 /* Parses "2,818,3823" into a new array; every id must be a decimal number below `limit`. */
-static int *parse_ids(const char *s, int limit, int *n_out) {
+static int *parse_ids(const char *flag, const char *s, int limit, int *n_out) {
     int cap = 16, n = 0;
     int *ids = malloc(sizeof(int) * (size_t)cap);
     if (!ids) die("out of memory");
     const char *p = s;
     while (1) {
         while (*p == ' ') p++;
-        if (*p < '0' || *p > '9')
-            die("malformed --ids at character %d: \"%s\"\n  expected: comma-separated decimal token ids, e.g. --ids 2,818,3823\n  found:    \"%.12s\"",
-                (int)(p - s) + 1, s, *p ? p : "(end of list)");
+        if (*p < '0' || *p > '9') {
+            free(ids);
+            die("malformed %s at character %d: \"%s\"\n  expected: comma-separated decimal token ids, e.g. %s 2,818,3823\n  found:    %s%.20s%s",
+                flag, (int)(p - s) + 1, s, flag, *p ? "\"" : "", *p ? p : "the end of the list", *p ? "\"" : "");
+        }
         long v = 0;
         const char *start = p;
         while (*p >= '0' && *p <= '9') {
             v = v * 10 + (*p++ - '0');
             if (v > 2000000000L) break;
         }
-        if (v >= limit)
-            die("token id %.*s in --ids is outside the vocabulary\n  expected: 0..%d", (int)(p - start), start, limit - 1);
+        while (*p >= '0' && *p <= '9') p++;   /* the rest of a huge number, for the message */
+        if (v >= limit) {
+            free(ids);
+            die("token id %.*s in %s is outside the vocabulary\n  expected: 0..%d\n  found:    %.*s", (int)(p - start), start, flag, limit - 1,
+                (int)(p - start), start);
+        }
         if (n == cap) { cap *= 2; ids = realloc(ids, sizeof(int) * (size_t)cap); if (!ids) die("out of memory"); }
         ids[n++] = (int)v;
         while (*p == ' ') p++;
         if (*p == 0) break;
-        if (*p != ',')
-            die("malformed --ids at character %d: \"%s\"\n  expected: ',' between ids\n  found:    '%c'", (int)(p - s) + 1, s, *p);
+        if (*p != ',') {
+            free(ids);
+            die("malformed %s at character %d: \"%s\"\n  expected: ',' between ids\n  found:    '%c'", flag, (int)(p - s) + 1, s, *p);
+        }
         p++;
     }
     *n_out = n;
@@ -1850,7 +1880,7 @@ int main(int argc, char **argv) {
     }
     if (o.decode_ids) {
         int n = 0;
-        int *ids = parse_ids(o.decode_ids, 0x7fffffff, &n);
+        int *ids = parse_ids("--decode", o.decode_ids, c->vocab_size, &n);
         size_t len;
         char *text = zaya_tok_decode(need_tokenizer(&m, "--decode"), ids, (size_t)n, 0, &len);
         if (!text) die("out of memory while decoding");
@@ -1862,7 +1892,7 @@ int main(int argc, char **argv) {
     }
     int n_prompt = 0;
     int *prompt = NULL;
-    if (o.ids) prompt = parse_ids(o.ids, c->vocab_size, &n_prompt);
+    if (o.ids) prompt = parse_ids("--ids", o.ids, c->vocab_size, &n_prompt);
     else if (o.prompt) prompt = encode_prompt(need_tokenizer(&m, "-i"), o.prompt, &n_prompt);
     if (o.dump_dir) {
         if (!prompt) die("--dump needs a prompt: --ids 2,818,... or -i TEXT");
@@ -1911,6 +1941,7 @@ int main(int argc, char **argv) {
                 zaya_tok_stream_free(&text_stream);
             }
             printf("\n");
+            fflush(stdout);   /* before the speed report on stderr */
         }
     }
     if (o.dump_dir) {
