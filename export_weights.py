@@ -111,10 +111,10 @@ class SafetensorsFile:
             if dtype not in ST_DTYPE_SIZE:
                 fail("unsupported tensor dtype", where, "one of " + ", ".join(ST_DTYPE_SIZE), dtype,
                      "ZAYA checkpoints are published in BF16")
-            if (not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
+            if (not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape)
                     or len(shape) > 4):
                 fail("malformed tensor shape", where, "a list of at most 4 non-negative integers", shape)
-            if (not isinstance(offs, list) or len(offs) != 2 or not all(isinstance(o, int) for o in offs)
+            if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
                     or not 0 <= offs[0] <= offs[1] <= data_size):
                 fail("tensor data offsets are out of range", where, f"[begin, end] within 0..{data_size}",
                      offs, "the file is truncated or corrupt; re-download it")
@@ -163,11 +163,13 @@ def open_checkpoint(ckpt):
     else:
         fail("no weights found", ckpt, "model.safetensors or model.safetensors.index.json + shards",
              ", ".join(sorted(os.listdir(ckpt))) or "(empty folder)", "download the whole hub folder")
+    for fn in files:            # every shard present before any is read
+        if not os.path.isfile(os.path.join(ckpt, fn)):
+            fail("a shard named in the index is missing", os.path.join(ckpt, fn), "a file", "nothing there",
+                 "download the whole hub folder")
     where = {}
     for fn in files:
         path = os.path.join(ckpt, fn)
-        if not os.path.isfile(path):
-            fail("a shard named in the index is missing", path, hint="download the whole hub folder")
         st = SafetensorsFile(path)
         for name in st.tensors:
             if name in where:
@@ -226,7 +228,7 @@ def native_config(cfg, path):
     if act != "silu":
         fail("config value 'hidden_act' is not supported", path, "'silu'", repr(act))
     types = need(cfg, "layer_types", list, path)
-    if len(types) != c["num_hidden_layers"] or any(t not in LAYER_TYPES for t in types):
+    if len(types) != c["num_hidden_layers"] or any(not isinstance(t, str) or t not in LAYER_TYPES for t in types):
         fail("config value 'layer_types' is not supported", path,
              f"{c['num_hidden_layers']} entries of 'hybrid' / 'hybrid_sliding'", repr(types)[:200])
     c["layer_types"] = types
@@ -242,7 +244,9 @@ def native_config(cfg, path):
             fail("unsupported RoPE type", f"{path}: rope_parameters.{t}.rope_type", "'default'",
                  repr(p.get("rope_type")))
         c["rope_theta"][t] = need(p, "rope_theta", float, f"{path}: rope_parameters.{t}", pos)
-        c["partial_rotary_factor"][t] = float(p.get("partial_rotary_factor", 1.0))
+        c["partial_rotary_factor"][t] = (need(p, "partial_rotary_factor", float, f"{path}: rope_parameters.{t}",
+                                              lambda v: 0 < v <= 1, "a number in (0, 1]")
+                                         if "partial_rotary_factor" in p else 1.0)
     sw = cfg.get("sliding_window")
     if "hybrid_sliding" in types and not (isinstance(sw, int) and sw > 0):
         fail("config has hybrid_sliding layers but no sliding_window", path, "a positive integer", repr(sw))
@@ -251,9 +255,10 @@ def native_config(cfg, path):
         if cfg.get(key, want) != want:
             fail(f"config value '{key}' is not supported", path, repr(want), repr(cfg.get(key)),
                  "zaya.c implements the published ZAYA1 configuration")
-    c["max_position_embeddings"] = cfg.get("max_position_embeddings", 131072)
-    c["bos_token_id"] = cfg.get("bos_token_id", 2)
-    c["pad_token_id"] = cfg.get("pad_token_id", 0)
+    opt = lambda key, default: default if cfg.get(key) is None else need(cfg, key, int, path)  # noqa: E731
+    c["max_position_embeddings"] = opt("max_position_embeddings", 131072)
+    c["bos_token_id"] = opt("bos_token_id", 2)
+    c["pad_token_id"] = opt("pad_token_id", 0)      # unused by zaya.c: a config without one (or null) gets 0
     eos = cfg.get("eos_token_id", 1)
     c["eos_token_ids"] = eos if isinstance(eos, list) else [eos]
     return c
@@ -274,6 +279,8 @@ def legacy_to_native_config(cfg, path):
         fail("this is the older per-half-layer ZAYA1-base schema", path,
              hint="only the ZAYA1-8B native and legacy layouts are supported")
     half = need(cfg, "num_hidden_layers", int, path, lambda v: v > 0 and v % 2 == 0, "an even number of half-layers")
+    need(cfg, "ffn_hidden_size", int, path, lambda v: v > 0 and v % 2 == 0, "an even positive integer (2 x expert width)")
+    need(cfg, "zaya_mlp_expansion", int, path, lambda v: v > 0, "a positive integer (router hidden size)")
     layers = half // 2
     swa = cfg.get("swa_layers") or [0] * half
     if not isinstance(swa, list) or len(swa) != half or not all(isinstance(w, int) and w >= 0 for w in swa):
@@ -561,7 +568,29 @@ def tensor_nbytes(shape, dtype, group):
     return align(n, ALIGN) + 4 * (n // group)      # int8 values, then one fp32 scale per group
 
 
+# the ranges zaya.c's loader accepts (read_config in zaya.c): a blob the exporter writes always loads
+HEADER_LIMITS = {"vocab_size": (1, 1 << 24), "hidden_size": (1, 1 << 16), "num_hidden_layers": (1, MAX_LAYERS),
+                 "num_attention_heads": (1, 1024), "num_key_value_heads": (1, 1024), "head_dim": (2, 4096),
+                 "num_experts": (1, 4096), "moe_intermediate_size": (1, 1 << 18), "router_hidden_size": (1, 1 << 14),
+                 "cca_time0": (1, 16), "cca_time1": (1, 16), "sliding_window": (0, 1 << 24),
+                 "max_position_embeddings": (1, 1 << 30)}
+
+
 def check_config_limits(c, path):
+    for key, (lo, hi) in HEADER_LIMITS.items():
+        if not lo <= c[key] <= hi:
+            fail(f"config value '{key}' is out of range", path, f"{lo}..{hi}", c[key],
+                 "zaya.c supports the published ZAYA1 configuration and its smaller variants")
+    f32_max = 3.4028234663852886e38
+    if not 0 < c["rms_norm_eps"] < 1:
+        fail("config value 'rms_norm_eps' is out of range", path, "0 < eps < 1", c["rms_norm_eps"])
+    for t in LAYER_TYPES:
+        if not 0 < c["rope_theta"][t] < f32_max:
+            fail(f"config value 'rope_parameters.{t}.rope_theta' is out of range", path, "a positive float32",
+                 c["rope_theta"][t])
+    for key in ("bos_token_id", "pad_token_id"):
+        if not 0 <= c[key] < c["vocab_size"]:
+            fail(f"config value '{key}' is outside the vocabulary", path, f"0..{c['vocab_size'] - 1}", c[key])
     L, H, d = c["num_hidden_layers"], c["hidden_size"], c["head_dim"]
     checks = [
         (L <= MAX_LAYERS, "num_hidden_layers", f"<= {MAX_LAYERS}", L),
@@ -569,7 +598,7 @@ def check_config_limits(c, path):
          f"a multiple of num_key_value_heads ({c['num_key_value_heads']})", c["num_attention_heads"]),
         (c["num_key_value_heads"] % 2 == 0, "num_key_value_heads",
          "even (half of the value heads are current, half delayed)", c["num_key_value_heads"]),
-        (len(c["eos_token_ids"]) <= MAX_EOS and all(isinstance(e, int) and 0 <= e < c["vocab_size"]
+        (len(c["eos_token_ids"]) <= MAX_EOS and all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < c["vocab_size"]
                                                     for e in c["eos_token_ids"]),
          "eos_token_id", f"at most {MAX_EOS} ids below vocab_size", c["eos_token_ids"]),
     ]
@@ -632,6 +661,9 @@ def quantize_tensor(quantizer, w, entry, srcs, where, log):
 
 def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print):
     t0 = time.time()
+    if not os.path.isdir(ckpt):
+        fail("checkpoint folder not found", ckpt, "a folder", "a file" if os.path.exists(ckpt) else "nothing there",
+             "give the folder that holds config.json and *.safetensors")
     cfg_path = os.path.join(ckpt, "config.json")
     cfg = read_json(cfg_path, "config.json")
     if not isinstance(cfg, dict):
@@ -735,6 +767,14 @@ def main(argv=None):
                None if args.chat_format == "auto" else args.chat_format)
     except ExportError as e:
         print(f"export_weights.py: error: {e}", file=sys.stderr)
+        try:
+            os.remove(args.out + ".tmp")
+        except OSError:
+            pass
+        return 1
+    except OSError as e:            # reading or writing failed midway (disk full, I/O error, a file removed)
+        print(f"export_weights.py: error: {e.strerror or e}\n  where:    {e.filename or args.out}\n"
+              "  hint:     check the disk space and that the files are readable", file=sys.stderr)
         try:
             os.remove(args.out + ".tmp")
         except OSError:
