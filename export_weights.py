@@ -154,10 +154,10 @@ def open_checkpoint(ckpt):
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
         if not isinstance(wm, dict) or not wm:
             fail("model.safetensors.index.json has no weight_map", index)
+        for fn in wm.values():
+            if not isinstance(fn, str) or not fn or "/" in fn or "\\" in fn or fn.startswith("."):
+                fail("weight_map names an invalid shard file", index, "a file name in this folder", repr(fn))
         files = sorted(set(wm.values()))
-        for fn in files:
-            if not isinstance(fn, str) or "/" in fn or fn.startswith("."):
-                fail("weight_map names an invalid shard file", index, "a file name in this folder", fn)
     elif os.path.isfile(single):
         wm, files = None, ["model.safetensors"]
     else:
