@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""make_seeds.py OUT_DIR - tiny valid zaya.c blobs (a few KB) as the seed corpus of fuzz_blob.
+
+The blobs are written with export_weights.py's own header/directory code (pack_header, pack_entry,
+expected_tensors, tensor_nbytes), so they are what the exporter would write for a tiny ZAYA-shaped
+checkpoint: fp32, bf16 and int8 variants, one and two layers, sliding and full attention, with
+random weights (fixed seed). No tokenizer section (the tokenizer has its own fuzzer,
+fuzz_tokenizer.c); the header's tokenizer fields are still fuzzed. Standard library only.
+"""
+import os
+import random
+import struct
+import sys
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import export_weights as ew  # noqa: E402
+
+
+def config(layers, types, vocab=24, hidden=8, heads=2, kv=2, head_dim=4, experts=2, inter=4, router=4, window=3):
+    return {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "head_dim": head_dim, "num_experts": experts, "num_experts_per_tok": 1,
+            "moe_intermediate_size": inter, "router_hidden_size": router, "cca_time0": 2, "cca_time1": 2,
+            "rms_norm_eps": 1e-5, "layer_types": types, "sliding_window": window, "max_position_embeddings": 64,
+            "bos_token_id": 2, "pad_token_id": 0, "eos_token_ids": [1],
+            "rope_theta": {"hybrid": 10000.0, "hybrid_sliding": 10000.0},
+            "partial_rotary_factor": {"hybrid": 0.5, "hybrid_sliding": 0.5}}
+
+
+def blob(c, wformat, seed):
+    rng = random.Random(seed)
+    plan = ew.expected_tensors(c)
+    data_off = ew.align(ew.HEADER_SIZE + ew.DIR_ENTRY_SIZE * len(plan), ew.PAGE)
+    entries, chunks, pos = [], [], data_off
+    for name, shape, kind in plan:
+        dtype = wformat if kind == "matrix" else "fp32"
+        group = 4 if dtype == "int8" else 0
+        nbytes = ew.tensor_nbytes(shape, dtype, group)
+        numel = 1
+        for d in shape:
+            numel *= d
+        if dtype == "fp32":
+            raw = struct.pack(f"<{numel}f", *(rng.gauss(0, 0.5) for _ in range(numel)))
+        elif dtype == "bf16":
+            raw = b"".join(struct.pack("<f", rng.gauss(0, 0.5))[2:] for _ in range(numel))
+        else:
+            q = bytes(rng.randrange(256) for _ in range(numel)).ljust(ew.align(numel, ew.ALIGN), b"\0")
+            raw = q + struct.pack(f"<{numel // group}f", *(rng.uniform(0.001, 0.02) for _ in range(numel // group)))
+        assert len(raw) == nbytes
+        entries.append(ew.pack_entry(name, dtype, shape, pos, nbytes, zlib.crc32(raw), group))
+        chunks.append((pos, raw))
+        pos = ew.align(pos + nbytes, ew.ALIGN)
+    out = bytearray(pos)
+    for off, raw in chunks:
+        out[off:off + len(raw)] = raw
+    header = ew.pack_header(c, "native", wformat, 4 if wformat == "int8" else 0, len(entries), data_off, pos, 0, pos,
+                            {"exporter": "test/fuzz/make_seeds.py"})
+    directory = b"".join(entries)
+    struct.pack_into("<I", header, 12, zlib.crc32(directory, zlib.crc32(bytes(header))))
+    out[:ew.HEADER_SIZE] = header
+    out[ew.HEADER_SIZE:ew.HEADER_SIZE + len(directory)] = directory
+    return bytes(out)
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    seeds = {"l1_fp32": (config(1, ["hybrid"]), "fp32"),
+             "l2_bf16": (config(2, ["hybrid_sliding", "hybrid"]), "bf16"),
+             "l1_int8": (config(1, ["hybrid_sliding"], hidden=8, inter=8), "int8"),
+             "l2_fp32_gqa": (config(2, ["hybrid", "hybrid_sliding"], heads=4, kv=2, experts=3, window=2), "fp32")}
+    for i, (name, (c, fmt)) in enumerate(sorted(seeds.items())):
+        b = blob(c, fmt, i)
+        with open(os.path.join(out, f"seed_{name}.bin"), "wb") as f:
+            f.write(b)
+        print(f"wrote {out}/seed_{name}.bin: {len(b)} bytes")
+
+
+if __name__ == "__main__":
+    main()
