@@ -77,6 +77,30 @@ static void run_model(const ZayaModel *m) {
     }
 }
 
+/* Byte mutations spread over a whole blob mostly hit tensor data; half of the time the mutation is
+ * confined to the header or to one directory entry, so every field gets its share. (LLVMFuzzerMutate
+ * is libFuzzer's; weak, so replay.c links without it and never calls this.) */
+size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size) __attribute__((weak));
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed);
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed) {
+    if (size >= 1024 + 192 && (seed & 1)) {
+        size_t entries = (size - 1024) / 192, off = 0, len = 1024;
+        if (seed & 2) {
+            uint32_t n;
+            memcpy(&n, data + 32, 4);
+            if (n > 0 && n < entries) entries = n;
+            off = 1024 + (size_t)((seed >> 2) % entries) * 192;
+            len = 192;
+        }
+        unsigned char region[1024];
+        memcpy(region, data + off, len);
+        size_t got = LLVMFuzzerMutate(region, len, len);   /* may shrink: the tail keeps its old bytes */
+        memcpy(data + off, region, got);
+        return size;
+    }
+    return LLVMFuzzerMutate(data, size, max_size);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size > (1u << 22)) return 0;
     int fd = memfd_create("fuzz_blob", 0);

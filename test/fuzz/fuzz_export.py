@@ -127,6 +127,8 @@ def mutate_header(rng, header, data_len):
         name = rng.choice(names)
         e = header[name]
         r = rng.random()
+        if not isinstance(e, dict) and 0.35 <= r < 0.9:     # already replaced by an odd value
+            r = 0.95
         if r < 0.15:
             del header[name]
         elif r < 0.25:
@@ -137,9 +139,11 @@ def mutate_header(rng, header, data_len):
         elif r < 0.5:
             e["dtype"] = rng.choice(["F32", "F16", "BF16", "I8", "U8", "F64", "bf16", 3, None])
         elif r < 0.7:
-            e["shape"] = rng.choice([[], [0], [1], e["shape"][::-1], e["shape"] + [1], [2 ** 40], [-1], "8", None,
-                                     [s * 2 for s in e["shape"]], [1.0] * len(e["shape"])])
-        elif r < 0.9:
+            sh = e.get("shape") if isinstance(e.get("shape"), list) and all(type(x) is int for x in e["shape"]) else [3]
+            e["shape"] = rng.choice([[], [0], [1], sh[::-1], sh + [1], [2 ** 40], [-1], "8", None,
+                                     [x * 2 for x in sh], [1.0] * len(sh)])
+        elif r < 0.9 and isinstance(e, dict) and isinstance(e.get("data_offsets"), list) and len(e["data_offsets"]) == 2 \
+                and all(type(x) is int for x in e["data_offsets"]):
             o = e["data_offsets"]
             e["data_offsets"] = rng.choice([[o[1], o[0]], [o[0], o[1] + 2], [o[0] - 2, o[1] - 2], [0, data_len + 2],
                                             [o[0]], [o[0], o[1], 0], [str(o[0]), o[1]], [o[0] + 1, o[1] + 1],

@@ -27,15 +27,18 @@ def config(layers, types, vocab=24, hidden=8, heads=2, kv=2, head_dim=4, experts
             "partial_rotary_factor": {"hybrid": 0.5, "hybrid_sliding": 0.5}}
 
 
-def blob(c, wformat, seed):
+def blob(c, wformat, seed, group=4):
     rng = random.Random(seed)
+    group_pref = group
     plan = ew.expected_tensors(c)
     data_off = ew.align(ew.HEADER_SIZE + ew.DIR_ENTRY_SIZE * len(plan), ew.PAGE)
     entries, chunks, pos = [], [], data_off
     for name, shape, kind in plan:
         dtype = wformat if kind == "matrix" else "fp32"
-        group = 4 if dtype == "int8" else 0
-        nbytes = ew.tensor_nbytes(shape, dtype, group)
+        g = 0
+        if dtype == "int8":   # the largest of group, 4, 2, 1 that divides the rows (as the exporter does)
+            g = next(k for k in (group_pref, 4, 2, 1) if shape[-1] % k == 0)
+        nbytes = ew.tensor_nbytes(shape, dtype, g)
         numel = 1
         for d in shape:
             numel *= d
@@ -45,15 +48,15 @@ def blob(c, wformat, seed):
             raw = b"".join(struct.pack("<f", rng.gauss(0, 0.5))[2:] for _ in range(numel))
         else:
             q = bytes(rng.randrange(256) for _ in range(numel)).ljust(ew.align(numel, ew.ALIGN), b"\0")
-            raw = q + struct.pack(f"<{numel // group}f", *(rng.uniform(0.001, 0.02) for _ in range(numel // group)))
+            raw = q + struct.pack(f"<{numel // g}f", *(rng.uniform(0.001, 0.02) for _ in range(numel // g)))
         assert len(raw) == nbytes
-        entries.append(ew.pack_entry(name, dtype, shape, pos, nbytes, zlib.crc32(raw), group))
+        entries.append(ew.pack_entry(name, dtype, shape, pos, nbytes, zlib.crc32(raw), g))
         chunks.append((pos, raw))
         pos = ew.align(pos + nbytes, ew.ALIGN)
     out = bytearray(pos)
     for off, raw in chunks:
         out[off:off + len(raw)] = raw
-    header = ew.pack_header(c, "native", wformat, 4 if wformat == "int8" else 0, len(entries), data_off, pos, 0, pos,
+    header = ew.pack_header(c, "native", wformat, group if wformat == "int8" else 0, len(entries), data_off, pos, 0, pos,
                             {"exporter": "test/fuzz/make_seeds.py"})
     directory = b"".join(entries)
     struct.pack_into("<I", header, 12, zlib.crc32(directory, zlib.crc32(bytes(header))))
@@ -70,9 +73,13 @@ def main():
     seeds = {"l1_fp32": (config(1, ["hybrid"]), "fp32"),
              "l2_bf16": (config(2, ["hybrid_sliding", "hybrid"]), "bf16"),
              "l1_int8": (config(1, ["hybrid_sliding"], hidden=8, inter=8), "int8"),
-             "l2_fp32_gqa": (config(2, ["hybrid", "hybrid_sliding"], heads=4, kv=2, experts=3, window=2), "fp32")}
-    for i, (name, (c, fmt)) in enumerate(sorted(seeds.items())):
-        b = blob(c, fmt, i)
+             "l2_fp32_gqa": (config(2, ["hybrid", "hybrid_sliding"], heads=4, kv=2, experts=3, window=2), "fp32"),
+             # odd widths: SIMD tails, int8 groups of 5 (stored in order) and of 8 (interleaved blocks of 64)
+             "l1_int8_g5": (config(1, ["hybrid"], hidden=20, head_dim=12, inter=10, router=6), "int8", 5),
+             "l1_int8_g8": (config(1, ["hybrid_sliding"], hidden=64, inter=8, vocab=16), "int8", 8),
+             "l1_bf16_odd": (config(1, ["hybrid_sliding"], hidden=19, head_dim=12, inter=7, router=5, window=1), "bf16")}
+    for i, (name, (c, fmt, *g)) in enumerate(sorted(seeds.items())):
+        b = blob(c, fmt, i, *g)
         with open(os.path.join(out, f"seed_{name}.bin"), "wb") as f:
             f.write(b)
         print(f"wrote {out}/seed_{name}.bin: {len(b)} bytes")
