@@ -397,6 +397,9 @@ static int load_matrix(Loader *ld, ZayaMatrix *m, const char *name, uint64_t n, 
     const DirEntry *e = n ? find_tensor(ld, name, 1, n, rows, cols) : find_tensor(ld, name, 1, rows, cols, 0);
     if (!e) return -1;
     uint64_t total_rows = n ? n * rows : rows;
+    if (total_rows > INT32_MAX || cols > INT32_MAX)   /* the kernels index rows and columns with int */
+        return fail(ld->err, ld->errlen, "%s: tensor %s is too large for this zaya.c\n  expected: at most 2^31-1 rows and columns\n  found:    %llu rows, %llu columns\n  %s",
+                    ld->path, name, (unsigned long long)total_rows, (unsigned long long)cols, HINT_REEXPORT);
     if (e->dtype == ZAYA_Q8 && cols % e->group != 0)
         return fail(ld->err, ld->errlen, "%s: tensor %s is int8 with %llu columns, not a multiple of its group size %u\n  %s",
                     ld->path, name, (unsigned long long)cols, e->group, HINT_REEXPORT);
