@@ -286,7 +286,7 @@ def legacy_to_native_config(cfg, path):
     if not isinstance(swa, list) or len(swa) != half or not all(isinstance(w, int) and w >= 0 for w in swa):
         fail("legacy config value 'swa_layers' is not supported", path, f"{half} non-negative integers", repr(swa))
     types = ["hybrid" if w == 0 else "hybrid_sliding" for w in swa[::2]]
-    prf = float(cfg.get("partial_rotary_factor", 1.0))
+    prf = cfg.get("partial_rotary_factor", 1.0)      # checked by native_config below
     native = {
         "vocab_size": cfg.get("vocab_size"), "hidden_size": cfg.get("hidden_size"),
         "num_hidden_layers": layers, "num_attention_heads": cfg.get("num_attention_heads"),
