@@ -54,6 +54,40 @@ def tiny_config():
                                                    "partial_rotary_factor": 0.5}}}
 
 
+def legacy_config(cfg):
+    """The Zyphra-fork schema of the same model (docs/architecture.md 2.4, inverse of the exporter's mapping)."""
+    swa = []
+    for t in cfg["layer_types"]:
+        swa += [cfg["sliding_window"] - 1 if t == "hybrid_sliding" else 0, 0]
+    rope = cfg["rope_parameters"]
+    return {"architectures": ["ZayaForCausalLM"], "model_type": "zaya", "cca": True, "zaya_use_eda": True,
+            "scale_residual_merge": True, "gated_linear_unit": True, "activation_func": "swiglu", "rope_scaling": None,
+            "vocab_size": cfg["vocab_size"], "hidden_size": cfg["hidden_size"],
+            "num_hidden_layers": 2 * cfg["num_hidden_layers"], "num_attention_heads": cfg["num_attention_heads"],
+            "num_query_groups": cfg["num_key_value_heads"], "head_dim": cfg["head_dim"], "num_experts": cfg["num_experts"],
+            "moe_router_topk": 1, "ffn_hidden_size": 2 * cfg["moe_intermediate_size"],
+            "zaya_mlp_expansion": cfg["router_hidden_size"], "cca_time0": 2, "cca_time1": 2, "norm_epsilon": 1e-5,
+            "swa_layers": swa, "rope_theta": rope["hybrid"]["rope_theta"],
+            "swa_rotary_base": rope["hybrid_sliding"]["rope_theta"],
+            "partial_rotary_factor": rope["hybrid"]["partial_rotary_factor"], "max_position_embeddings": 64,
+            "bos_token_id": 2, "pad_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": True}
+
+
+def legacy_tensors(cfg, tensors):
+    """The native tensors under their legacy names (experts split into one tensor each)."""
+    c = {"num_hidden_layers": cfg["num_hidden_layers"], "num_experts": cfg["num_experts"]}
+    out = {}
+    for name, (dtype, shape, raw) in tensors.items():
+        srcs = ew.legacy_sources(name, c)
+        if len(srcs) == 1:
+            out[srcs[0]] = (dtype, shape, raw)
+        else:
+            step = len(raw) // len(srcs)
+            for k, src in enumerate(srcs):
+                out[src] = (dtype, shape[1:], raw[k * step:(k + 1) * step])
+    return out
+
+
 def tiny_tensors(cfg, rng):
     """{name: (dtype, shape, bytes)} for the native layout of cfg (bf16)."""
     c = {k: cfg[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -290,18 +324,19 @@ def main():
     rng = random.Random(args.seed)
     cfg = tiny_config()
     tensors = tiny_tensors(cfg, random.Random(0))
+    bases = {"native": (cfg, tensors), "legacy": (legacy_config(cfg), legacy_tensors(cfg, tensors))}
     d = os.path.join(WORK, "case")
-    write_case(d, json.dumps(cfg), struct.pack("<Q", 2) + b"{}")
-    header, data = safetensors_bytes(tensors)
-    hb = json.dumps(header).encode()
-    write_case(d, json.dumps(cfg), struct.pack("<Q", len(hb)) + hb + data)
-    base_bug = run_case(d, args.zaya)
-    if base_bug:
-        print(f"FAIL fuzz_export: the unmutated tiny checkpoint does not export: {base_bug}")
-        return 1
+    for layout, (bcfg, btensors) in bases.items():
+        header, data = safetensors_bytes(btensors)
+        hb = json.dumps(header).encode()
+        write_case(d, json.dumps(bcfg), struct.pack("<Q", len(hb)) + hb + data)
+        base_bug = run_case(d, args.zaya)
+        if base_bug or not os.path.exists(os.path.join(WORK, "out.bin")):
+            print(f"FAIL fuzz_export: the unmutated tiny {layout} checkpoint does not export: {base_bug}")
+            return 1
     ok = fails = 0
     for i in range(args.iterations):
-        make_case(rng, d, cfg, tensors)
+        make_case(rng, d, *bases["legacy" if rng.random() < 0.3 else "native"])
         bug = run_case(d, args.zaya)
         if bug:
             bugs += 1
