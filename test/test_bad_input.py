@@ -471,6 +471,8 @@ def export_fails(name, ckpt, words, extra=(), out=None):
     if os.path.exists(out) or os.path.exists(out + ".tmp"):
         problems.append("an output file was left behind")
     check(not problems, f"export_weights.py {name}", "; ".join(problems) + f"\n    stderr: {err.strip()[-700:]!r}")
+    if os.path.dirname(os.path.abspath(ckpt)) == os.path.join(BAD, "ckpt"):
+        shutil.rmtree(ckpt, ignore_errors=True)      # some hold a 38 MB safetensors copy
 
 
 export_fails("missing folder", os.path.join(BAD, "no_such_folder"), ["not found", "no_such_folder", "hint"])

@@ -17,14 +17,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import export_weights as ew  # noqa: E402
 
 
-def config(layers, types, vocab=24, hidden=8, heads=2, kv=2, head_dim=4, experts=2, inter=4, router=4, window=3):
+def config(layers, types, vocab=24, hidden=8, heads=2, kv=2, head_dim=4, experts=2, inter=4, router=4, window=3,
+           t0=2, t1=2, prf=0.5, max_pos=64):
     return {"vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
             "num_key_value_heads": kv, "head_dim": head_dim, "num_experts": experts, "num_experts_per_tok": 1,
-            "moe_intermediate_size": inter, "router_hidden_size": router, "cca_time0": 2, "cca_time1": 2,
-            "rms_norm_eps": 1e-5, "layer_types": types, "sliding_window": window, "max_position_embeddings": 64,
+            "moe_intermediate_size": inter, "router_hidden_size": router, "cca_time0": t0, "cca_time1": t1,
+            "rms_norm_eps": 1e-5, "layer_types": types, "sliding_window": window, "max_position_embeddings": max_pos,
             "bos_token_id": 2, "pad_token_id": 0, "eos_token_ids": [1],
             "rope_theta": {"hybrid": 10000.0, "hybrid_sliding": 10000.0},
-            "partial_rotary_factor": {"hybrid": 0.5, "hybrid_sliding": 0.5}}
+            "partial_rotary_factor": {"hybrid": prf, "hybrid_sliding": prf}}
 
 
 def blob(c, wformat, seed, group=4):
@@ -77,7 +78,12 @@ def main():
              # odd widths: SIMD tails, int8 groups of 5 (stored in order) and of 8 (interleaved blocks of 64)
              "l1_int8_g5": (config(1, ["hybrid"], hidden=20, head_dim=12, inter=10, router=6), "int8", 5),
              "l1_int8_g8": (config(1, ["hybrid_sliding"], hidden=64, inter=8, vocab=16), "int8", 8),
-             "l1_bf16_odd": (config(1, ["hybrid_sliding"], hidden=19, head_dim=12, inter=7, router=5, window=1), "bf16")}
+             "l1_bf16_odd": (config(1, ["hybrid_sliding"], hidden=19, head_dim=12, inter=7, router=5, window=1), "bf16"),
+             # other shapes of the architecture: conv kernels 1 and 3, full rotary, one expert, 3 query heads
+             # per KV head, a context of 2 positions, 3 layers
+             "l3_fp32_shapes": (config(3, ["hybrid", "hybrid_sliding", "hybrid_sliding"], heads=6, kv=2, head_dim=2,
+                                       experts=1, t0=1, t1=3, prf=1.0, window=2, max_pos=2), "fp32"),
+             "l1_fp32_conv3": (config(1, ["hybrid"], t0=3, t1=1, experts=4, inter=3, router=3, vocab=5), "fp32")}
     for i, (name, (c, fmt, *g)) in enumerate(sorted(seeds.items())):
         b = blob(c, fmt, i, *g)
         with open(os.path.join(out, f"seed_{name}.bin"), "wb") as f:
