@@ -1,0 +1,850 @@
+#!/usr/bin/env python3
+"""compare.py - compare two golden-tensor dumps and name the first divergence.
+
+    python3 compare.py TEST_DIR REF_DIR [--tol-scale X] [--weights fp32|int8] [--near-tie M]
+                       [--strict] [--verbose] [--json OUT]
+
+A dump is a folder with index.json and one NumPy .npy file per tensor (docs/compare.md): written by
+`./zaya MODEL.bin --ids ... --dump DIR`, by test/golden_hf.py (the official transformers code), by
+test/fixture_to_dump.py (the shared fixture goldens) or by any other port. Tensors are matched by name
+and compared in the reference's execution order. The report names the FIRST DIVERGENCE (the earliest
+position at which any tensor is past its tolerance, and at that position the first tensor in execution
+order), the error each layer adds, routing agreement with the reference's router margins (near-tie or
+BUG), and logits agreement (top-1, top-5/16 overlap, KL).
+
+Exit status: 0 the dumps agree, 1 divergence, 2 usage or input error (message, never a traceback).
+Standard library only (Python 3.8+); a 38 x 262272 logits tensor takes a few seconds.
+
+Tolerances (the same table is in docs/compare.md). Every tensor is compared row by row, one row per
+position (token-major, first axis). For a row a_t (test) and b_t (reference) with n values:
+
+  rowerr_t = ||a_t - b_t||_2 / max(||b_t||_2, FLOOR_REL * rowrms(b), ATOL * sqrt(n))
+
+where rowrms(b) = ||b||_2 / sqrt(T) is the typical row norm of the reference tensor, so a row that is
+tiny compared with its neighbours (or exactly zero) is judged against a floor, not against itself.
+
+  | kind                         | names                                    | fp32 vs fp32 gate            | int8 vs fp32 gate      |
+  | ---------------------------- | ---------------------------------------- | ---------------------------- | ---------------------- |
+  | activations (default)        | every float tensor not listed below      | rowerr <= 1e-5               | row cosine >= 0.999    |
+  | attention and qk path        | `self_attn:*`, `qk_norm:*`, `o_proj`,    | rowerr <= 3e-5               | row cosine >= 0.999    |
+  |                              | `:key_cache`                             |                              |                        |
+  | router                       | `mlp.gate*` floats                       | rowerr <= 3e-5               | row cosine >= 0.999    |
+  | logits                       | `logits` (full or `logits:topK_values`)  | max abs <= 1e-3 per row      | row cosine >= 0.999    |
+  |                              |                                          |                              | (top-k: max abs <= 0.1)|
+  | integers                     | `router_indices`, any int32 tensor       | exact                        | exact, flips judged by |
+  |                              |                                          |                              | the margin             |
+
+FLOOR_REL = 0.1 and ATOL = 1e-6 for every float kind. `--tol-scale X` multiplies every rtol, ATOL, the
+logits max abs and (1 - cosine gate) by X. A router_indices disagreement is a routing flip: the
+reference's top-1 margin (best minus second-best biased router score, from its `:router_scores` or
+`:router_margin`) below NEAR_TIE = 0.02 makes it a near-tie (allowed; downstream rows of that position,
+and of later positions in later layers, are reported as "after routing flip (near-tie)"), otherwise BUG.
+NMSE here is sum((a-b)^2) / sum(b^2) (= relative L2 squared); llama.cpp's scripts report MSE / Var(b).
+"""
+import argparse
+import array
+import ast
+import heapq
+import json
+import math
+import operator
+import os
+import re
+import struct
+import sys
+from itertools import compress, repeat
+
+# ------------------------------------------------------------------------------------------------
+# Tolerances
+
+FLOOR_REL = 0.1     # a row's error is relative to at least 10% of the tensor's typical row norm
+ATOL = 1e-6         # ... and to at least ATOL * sqrt(n) (all-zero tensors)
+NEAR_TIE = 0.02     # routing flips below this reference margin are near-ties
+COS_INT8 = 0.999    # int8 weights vs fp32: minimum cosine per row
+LOGITS_ATOL = 1e-3  # fp32: max |a-b| per logits row
+LOGITS_TOPK_ATOL_INT8 = 0.1  # int8 vs a top-k-only reference: max |a-b| over the reference's top-k
+
+# (kind, regex on the name, rtol for fp32 vs fp32); the first match wins
+KINDS = [
+    ("attention", re.compile(r"(self_attn:|qk_norm:|self_attn\.o_proj$)"), 3e-5),
+    ("router", re.compile(r"\.mlp\.gate[.:]"), 3e-5),
+    ("activation", re.compile(r""), 1e-5),
+]
+STATE_SUFFIXES = (":conv_state", ":delayed_value_state", ":key_cache", ":value_cache")
+LAYER_RE = re.compile(r"^model\.layers\.(\d+)[.:]")
+TOPK_RE = re.compile(r"^logits:top(\d+)_(ids|values)$")
+
+# Tensor names in execution order (docs/compare.md). Writers use these lists; compare.py itself
+# follows the order of the reference's index.json.
+GLOBAL_FIRST = ["model.embed_tokens", "model:input_scaled"]
+LAYER_TENSORS = [
+    "input_layernorm",
+    "self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj",
+    "self_attn.qkv_proj.conv_qk_depthwise", "self_attn.qkv_proj.conv_qk_grouped",
+    "self_attn.qkv_proj:query_residual", "self_attn.qkv_proj:key_residual",
+    "self_attn.qkv_proj:query", "self_attn.qkv_proj:key",
+    "self_attn.qkv_proj.v_proj_current", "self_attn.qkv_proj.v_proj_delayed", "self_attn.qkv_proj:value",
+    "self_attn.qk_norm:query", "self_attn.qk_norm:key",
+    "self_attn:query_after_rope", "self_attn:key_after_rope", "self_attn:attn_output",
+    "self_attn.o_proj", "post_attention_residual_scale", "post_attention_layernorm",
+    "mlp.gate.down_proj", "mlp.gate:router_state", "mlp.gate.router_mlp.norm",
+    "mlp.gate.router_mlp.fc1", "mlp.gate.router_mlp.fc2", "mlp.gate.router_mlp",
+    "mlp.gate:router_probs", "mlp.gate:router_scores", "mlp.gate:router_margin",
+    "mlp.gate.router_indices", "mlp.gate:router_weight", "mlp.experts", "post_mlp_residual_scale",
+]
+GLOBAL_LAST = ["model.norm", "logits"]
+LAYER_STATE = ["self_attn.qkv_proj:conv_state", "self_attn.qkv_proj:delayed_value_state",
+               "self_attn:key_cache", "self_attn:value_cache"]
+
+
+def execution_order(n_layers):
+    """Every tensor name a full dump of an n_layers model holds, in execution order."""
+    names = list(GLOBAL_FIRST)
+    for i in range(n_layers):
+        names += [f"model.layers.{i}.{s}" for s in LAYER_TENSORS]
+    names += GLOBAL_LAST
+    for i in range(n_layers):
+        names += [f"model.layers.{i}.{s}" for s in LAYER_STATE]
+    return names
+
+
+class InputError(Exception):
+    """Bad input (missing folder, bad .npy, shape mismatch): reported as a message, exit status 2."""
+
+
+# ------------------------------------------------------------------------------------------------
+# .npy files and dump folders
+
+NPY_TYPES = {"<f4": "f", "<i4": "i", "<f8": "d", "<i8": "q"}
+
+
+def file_name(name):
+    """The file of a tensor: its name with ':' replaced by '~', plus '.npy'."""
+    return name.replace(":", "~") + ".npy"
+
+
+def read_npy(path):
+    """(shape tuple, flat array.array in C order) of a little-endian NumPy file (format 1.0/2.0/3.0;
+    fortran_order files are reordered)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}")
+    if raw[:6] != b"\x93NUMPY" or len(raw) < 10:
+        raise InputError(f"{path} is not a NumPy .npy file (magic \\x93NUMPY missing)")
+    if raw[6] == 1:
+        hlen, start = struct.unpack("<H", raw[8:10])[0], 10
+    elif raw[6] in (2, 3) and len(raw) >= 12:
+        hlen, start = struct.unpack("<I", raw[8:12])[0], 12
+    else:
+        raise InputError(f"{path}: unsupported .npy version {raw[6]}.{raw[7]} (expected 1.0)")
+    try:
+        header = ast.literal_eval(raw[start:start + hlen].decode("latin1"))
+        descr, fortran, shape = header["descr"], header["fortran_order"], tuple(header["shape"])
+    except (ValueError, SyntaxError, KeyError, TypeError):
+        raise InputError(f"{path}: unreadable .npy header {raw[start:start + hlen][:120]!r}")
+    if descr not in NPY_TYPES:
+        raise InputError(f"{path}: dtype {descr!r} not supported (expected '<f4' or '<i4')")
+    data = array.array(NPY_TYPES[descr])
+    count = math.prod(shape)
+    body = raw[start + hlen:]
+    if len(body) != count * data.itemsize:
+        raise InputError(f"{path}: shape {list(shape)} needs {count * data.itemsize} data bytes, "
+                         f"found {len(body)} (truncated or corrupt file)")
+    data.frombytes(body)
+    if sys.byteorder == "big":
+        data.byteswap()
+    if fortran:
+        data = fortran_to_c(data, shape)
+    return shape, data
+
+
+def fortran_to_c(data, shape):
+    """Column-major data -> row-major: row i of a Fortran array of shape [s0, ...] is data[i::s0]
+    (itself column-major over the remaining axes)."""
+    if len(shape) <= 1:
+        return data
+    out = array.array(data.typecode)
+    for i in range(shape[0]):
+        out.extend(fortran_to_c(data[i::shape[0]], shape[1:]))
+    return out
+
+
+def write_npy(path, shape, data):
+    """Writes a float32 ('f') or int32 ('i') array.array as NumPy 1.0, header padded to 64 bytes."""
+    descr = {"f": "<f4", "i": "<i4"}[data.typecode]
+    shape_s = "(" + "".join(f"{d}, " for d in shape).rstrip(" ") + ")" if len(shape) != 1 else f"({shape[0]},)"
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    if math.prod(shape) != len(data):
+        raise ValueError(f"write_npy {path}: shape {shape} does not hold {len(data)} values")
+    out = data
+    if sys.byteorder == "big":
+        out = array.array(data.typecode, data)
+        out.byteswap()
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin1"))
+        f.write(out.tobytes())
+
+
+def tensor_stats(data):
+    """{min, max, mean, rms, nan, inf} of the finite values (None when there are none)."""
+    vals = [v for v in data if math.isfinite(v)] if data.typecode in "fd" else list(data)
+    nan = sum(1 for v in data if v != v) if data.typecode in "fd" else 0
+    inf = len(data) - len(vals) - nan
+    if not vals:
+        return {"min": None, "max": None, "mean": None, "rms": None, "nan": nan, "inf": inf}
+    n = len(vals)
+    return {"min": min(vals), "max": max(vals), "mean": math.fsum(vals) / n,
+            "rms": math.sqrt(math.fsum(map(operator.mul, vals, vals)) / n), "nan": nan, "inf": inf}
+
+
+def write_dump(out_dir, tensors, meta):
+    """Writes a dump folder: tensors = list of (name, shape, array.array 'f'/'i'[, extra dict]) in
+    execution order, meta = the index.json fields other than `tensors` (format_version is added).
+    `extra` (e.g. {"source": ..., "derived": ...}) is merged into the tensor's index entry."""
+    os.makedirs(out_dir, exist_ok=True)
+    entries = []
+    for order, (name, shape, data, *extra) in enumerate(tensors):
+        fname = file_name(name)
+        write_npy(os.path.join(out_dir, fname), shape, data)
+        entry = {"name": name, "file": fname, "shape": list(shape),
+                 "dtype": "float32" if data.typecode == "f" else "int32", "order": order,
+                 "stats": tensor_stats(data)}
+        for e in extra:
+            entry.update(e)
+        entries.append(entry)
+    index = {"format_version": 1}
+    index.update(meta)
+    index["tensors"] = entries
+    with open(os.path.join(out_dir, "index.json"), "w") as f:
+        json.dump(index, f, indent=1)
+        f.write("\n")
+
+
+class Dump:
+    """A dump folder: its index.json, the tensor names in execution order, and lazy tensor loading."""
+
+    def __init__(self, folder, label):
+        self.folder, self.label = folder, label
+        if not os.path.isdir(folder):
+            raise InputError(f"{label} dump folder {folder} does not exist (or is not a folder)\n"
+                             f"  hint: write one with ./zaya MODEL.bin --ids 2,818,... --dump {folder}")
+        path = os.path.join(folder, "index.json")
+        try:
+            with open(path) as f:
+                self.index = json.load(f)
+        except OSError as e:
+            raise InputError(f"cannot read {path}: {e.strerror}\n  hint: a dump folder holds index.json "
+                             f"and one .npy per tensor (docs/compare.md)")
+        except ValueError as e:
+            raise InputError(f"{path} is not valid JSON: {e}")
+        tensors = self.index.get("tensors") if isinstance(self.index, dict) else None
+        if not isinstance(tensors, list):
+            raise InputError(f"{path}: no `tensors` list (expected the format of docs/compare.md)")
+        self.entries, self.order = {}, []
+        for i, t in enumerate(tensors):
+            if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+                raise InputError(f"{path}: tensors[{i}] has no string `name`")
+            if t["name"] in self.entries:
+                raise InputError(f"{path}: tensor {t['name']} is listed twice")
+            self.entries[t["name"]] = t
+            self.order.append(t["name"])
+        tokens = self.index.get("tokens")
+        self.tokens = list(tokens) if isinstance(tokens, list) else None
+        self.skip = self.index.get("skip_expert")
+        wf = self.index.get("weight_format")
+        self.weights = (wf.get("dtype") if isinstance(wf, dict) else wf) or "fp32"
+        self._cache = {}
+
+    def has(self, name):
+        return name in self.entries
+
+    def load(self, name, keep=False):
+        """(shape, flat array) of a tensor; checks the shape against index.json."""
+        if name in self._cache:
+            return self._cache[name]
+        entry = self.entries[name]
+        fname = entry.get("file") or file_name(name)
+        shape, data = read_npy(os.path.join(self.folder, fname))
+        if "shape" in entry and list(entry["shape"]) != list(shape):
+            raise InputError(f"{self.label} {name}: index.json says shape {entry['shape']}, "
+                             f"{fname} holds {list(shape)}")
+        if keep:
+            self._cache[name] = (shape, data)
+        return shape, data
+
+    def producer(self):
+        p = self.index.get("producer")
+        if isinstance(p, dict):
+            return " ".join(str(p[k]) for k in ("program", "version", "commit") if p.get(k))
+        return str(p) if p else "unknown producer"
+
+
+# ------------------------------------------------------------------------------------------------
+# Metrics of one row
+
+def row_metrics(a, b):
+    """(sum (a-b)^2, sum b^2, sum a^2, a.b, max |a-b|, its index) of two equal-length sequences.
+    Every loop runs inside C (map, hypot, max), so a 262272-wide logits row takes milliseconds.
+    The dot product comes from ||a||^2 + ||b||^2 - ||a-b||^2 = 2 a.b (exact enough in doubles)."""
+    d = list(map(operator.sub, a, b))
+    sq_d, sq_b, sq_a = math.hypot(*d) ** 2, math.hypot(*b) ** 2, math.hypot(*a) ** 2
+    dot = (sq_a + sq_b - sq_d) / 2
+    if not math.isfinite(sq_d):
+        bad = [i for i, v in enumerate(d) if not math.isfinite(v)]
+        return sq_d, sq_b, sq_a, dot, math.inf, bad[0] if bad else 0
+    hi, lo = max(d), min(d)
+    mx = hi if hi >= -lo else lo
+    return sq_d, sq_b, sq_a, dot, abs(mx), d.index(mx)
+
+
+def cosine(sq_a, sq_b, dot):
+    if sq_a == 0 and sq_b == 0:
+        return 1.0
+    if sq_a == 0 or sq_b == 0:
+        return 0.0
+    return dot / math.sqrt(sq_a * sq_b)
+
+
+def unravel(flat, shape):
+    idx = []
+    for dim in reversed(shape):
+        idx.append(flat % dim if dim else 0)
+        flat = flat // dim if dim else 0
+    return list(reversed(idx))
+
+
+def topk_ids(row, k):
+    """Ids of the k largest values of a row, descending (ties: lowest id first)."""
+    threshold = heapq.nlargest(k, row)[-1]
+    ids = list(compress(range(len(row)), map(operator.ge, row, repeat(threshold))))
+    ids.sort(key=lambda i: (-row[i], i))
+    return ids[:k]
+
+
+def log_sum_exp(row):
+    m = max(row)
+    return m + math.log(sum(map(math.exp, map(operator.sub, row, repeat(m)))))
+
+
+# ------------------------------------------------------------------------------------------------
+# The comparison
+
+def kind_of(name):
+    if name == "logits" or TOPK_RE.match(name):
+        return "logits", LOGITS_ATOL
+    for kind, rx, rtol in KINDS:
+        if rx.search(name):
+            return kind, rtol
+    return "activation", 1e-5
+
+
+def layer_of(name):
+    m = LAYER_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+class Comparison:
+    def __init__(self, test, ref, mode, scale, near_tie):
+        self.test, self.ref, self.mode, self.scale, self.near_tie = test, ref, mode, scale, near_tie
+        self.T = len(ref.tokens) if ref.tokens is not None else None
+        self.results = []      # one dict per compared tensor, in execution order
+        self.flips = []        # routing flips: dicts with layer, position, exec index, margin, label
+        self.routing = []      # per layer: (layer, agree, total)
+        self.logits = None     # logits summary
+        self.errors = []       # input errors (shape mismatch, bad files)
+        self.notes = []
+        self.skip_differs = (test.skip in ("zero", "passthrough") and ref.skip in ("zero", "passthrough")
+                             and test.skip != ref.skip)
+        self.ref_skip_rows = {}  # layer -> set of positions the reference routes to the skip expert
+
+    # ---- helpers ----
+    def positions_of(self, name, shape):
+        """The position of each row of a tensor: token-major tensors row t = position t; state tensors
+        hold the last rows of the run (conv state, caches), a 1-D state is the last position."""
+        if name.endswith(STATE_SUFFIXES):
+            if len(shape) < 2:
+                return [self.T - 1 if self.T else 0], math.prod(shape)
+            rows = shape[0]
+            base = (self.T or rows) - rows
+            return [base + r for r in range(rows)], math.prod(shape[1:])
+        rows = shape[0] if shape else 1
+        return list(range(rows)), math.prod(shape[1:]) if len(shape) > 1 else 1
+
+    def shadowed(self, exec_idx, name, pos):
+        """Is row `pos` of this tensor downstream of a routing flip (and which flip)?"""
+        layer = layer_of(name)
+        for f in self.flips:
+            if exec_idx <= f["exec"]:
+                continue
+            later_layer = layer is None or layer > f["layer"] or name.endswith(STATE_SUFFIXES)
+            if pos == f["position"] or (pos > f["position"] and later_layer):
+                return f
+        return None
+
+    def margin_of(self, layer, pos):
+        """The reference's top-1 router margin at (layer, pos), from :router_scores or :router_margin."""
+        for side in (self.ref, self.test):
+            p = f"model.layers.{layer}.mlp.gate"
+            if side.has(p + ":router_scores"):
+                shape, data = side.load(p + ":router_scores", keep=True)
+                n = shape[-1]
+                row = sorted(data[pos * n:(pos + 1) * n], reverse=True)
+                return row[0] - row[1], ("reference" if side is self.ref else "TEST (reference has none)")
+            if side.has(p + ":router_margin"):
+                shape, data = side.load(p + ":router_margin", keep=True)
+                return data[pos], ("reference" if side is self.ref else "TEST (reference has none)")
+        return None, "no :router_scores or :router_margin in either dump"
+
+    def n_experts(self, layer):
+        for name in (":router_probs", ":router_scores", ".router_mlp"):
+            full = f"model.layers.{layer}.mlp.gate{name}"
+            for side in (self.ref, self.test):
+                if side.has(full):
+                    return side.entries[full].get("shape", [0, 1])[-1] - 1
+        return None
+
+    # ---- one tensor ----
+    def compare(self, exec_idx, name):
+        try:
+            sa, a = self.test.load(name)
+            sb, b = self.ref.load(name)
+        except InputError as e:
+            self.errors.append(str(e))
+            return
+        if list(sa) != list(sb):
+            same_rows = sa and sb and sa[0] == sb[0] and math.prod(sa) == math.prod(sb)
+            if not same_rows:
+                self.errors.append(f"{name}: shape mismatch, TEST {list(sa)} vs REF {list(sb)}\n"
+                                   f"  hint: both dumps must hold the same prompt, token-major [T, ...] "
+                                   f"(docs/compare.md lists every shape)")
+                return
+            self.notes.append(f"{name}: TEST {list(sa)} vs REF {list(sb)} differ in the trailing axes; "
+                              f"compared row by row")
+        is_int = a.typecode in "iq" or b.typecode in "iq"
+        kind, rtol = ("integer", 0.0) if is_int else kind_of(name)
+        positions, n = self.positions_of(name, sb)
+        res = {"name": name, "shape": list(sb), "kind": kind, "exec": exec_idx, "bad": [],
+               "shadowed": 0, "excluded": 0}
+        if name.endswith(".mlp.gate.router_indices"):
+            self.routing_check(exec_idx, name, a, b, res)
+        elif is_int:
+            bad = [positions[r] for r in range(len(positions)) if a[r * n:(r + 1) * n] != b[r * n:(r + 1) * n]]
+            res.update(max_abs=max((abs(x - y) for x, y in zip(a, b)), default=0), rel_l2=None)
+            res["bad"] = bad
+        else:
+            self.float_check(name, kind, rtol, sb, positions, n, a, b, res)
+        # rows downstream of a routing flip, and skip-mode rows, are not divergences
+        keep = []
+        for p in res["bad"]:
+            if self.shadowed(exec_idx, name, p):
+                res["shadowed"] += 1
+            else:
+                keep.append(p)
+        res["bad"] = keep
+        res["first_bad"] = keep[0] if keep else None
+        if keep:
+            res["status"] = "DIVERGED"
+        elif res.get("agree", 0) < len(b) and "agree" in res:
+            res["status"] = "near-tie routing flip"
+        elif res["shadowed"]:
+            res["status"] = "after routing flip (near-tie)" if all(
+                f["label"] == "near-tie" for f in self.flips) else "after routing flip"
+        else:
+            res["status"] = "ok"
+        self.results.append(res)
+        return res
+
+    def float_check(self, name, kind, rtol, shape, positions, n, a, b, res):
+        rows = len(positions)
+        exclude = set()
+        if self.skip_differs and name.endswith(":router_weight"):
+            exclude = self.ref_skip_rows.get(layer_of(name), set())
+            res["excluded"] = len(exclude)
+        per = []
+        for r in range(rows):
+            per.append(row_metrics(a[r * n:(r + 1) * n], b[r * n:(r + 1) * n]))
+        tot_d = math.fsum(p[0] for p in per)
+        tot_b = math.fsum(p[1] for p in per)
+        floor = max(FLOOR_REL * math.sqrt(tot_b / max(rows, 1)), ATOL * self.scale * math.sqrt(n))
+        worst, worst_at, cos_min, cos_at, worst_err, worst_err_at = -1.0, 0, 2.0, 0, 0.0, 0
+        bad = []
+        for r, (sq_d, sq_b, sq_a, dot, mx, mi) in enumerate(per):
+            if positions[r] in exclude:
+                continue
+            denom = max(math.sqrt(sq_b), floor)
+            err = math.sqrt(sq_d) / denom if denom > 0 else (0.0 if sq_d == 0 else math.inf)
+            if not math.isfinite(sq_d):
+                err = math.inf
+            cos = cosine(sq_a, sq_b, dot) if math.isfinite(sq_d) else -1.0
+            if mx > worst:
+                worst, worst_at = mx, r * n + mi
+            if cos < cos_min:
+                cos_min, cos_at = cos, positions[r]
+            if err > worst_err:
+                worst_err, worst_err_at = err, positions[r]
+            if self.mode == "int8":
+                is_bad = cos < 1 - (1 - COS_INT8) * self.scale or not math.isfinite(sq_d)
+            elif kind == "logits":
+                is_bad = mx > LOGITS_ATOL * self.scale
+            else:
+                is_bad = err > rtol * self.scale
+            if is_bad:
+                bad.append(positions[r])
+        at = unravel(worst_at, [rows] + list(shape[1:]) if len(shape) > 1 else [rows])
+        at[0] = positions[at[0]] if at and at[0] < len(positions) else at[0]
+        res.update(max_abs=max(worst, 0.0), max_at=at, rel_l2=math.sqrt(tot_d / tot_b) if tot_b else
+                   (0.0 if tot_d == 0 else math.inf), cos_min=cos_min if cos_min <= 1.5 else 1.0,
+                   cos_min_pos=cos_at, row_err_max=worst_err, row_err_pos=worst_err_at,
+                   tol=(f"cos>={1 - (1 - COS_INT8) * self.scale:g}" if self.mode == "int8" else
+                        f"max|d|<={LOGITS_ATOL * self.scale:g}" if kind == "logits" else f"rowerr<={rtol * self.scale:g}"))
+        res["nmse"] = res["rel_l2"] ** 2 if math.isfinite(res["rel_l2"]) else math.inf
+        res["bad"] = bad
+
+    def routing_check(self, exec_idx, name, a, b, res):
+        layer = layer_of(name)
+        E = self.n_experts(layer)
+        if E is not None:
+            self.ref_skip_rows[layer] = {t for t, v in enumerate(b) if v == E}
+        agree, bad = 0, []
+        for t, (x, y) in enumerate(zip(a, b)):
+            if x == y:
+                agree += 1
+                continue
+            margin, source = self.margin_of(layer, t)
+            label = "near-tie" if margin is not None and margin < self.near_tie else "BUG"
+            self.flips.append({"layer": layer, "position": t, "exec": exec_idx, "test": int(x), "ref": int(y),
+                               "margin": margin, "margin_source": source, "label": label})
+            if label == "BUG":
+                bad.append(t)
+        self.routing.append((layer, agree, len(b)))
+        res.update(max_abs=None, rel_l2=None, agree=agree, bad=bad)
+
+    # ---- logits ----
+    def compare_logits(self, exec_idx):
+        """Full logits on both sides, or a top-k representation (`logits:topK_ids/values`) on one or both."""
+        def rep(side):
+            if side.has("logits"):
+                return "full", None
+            ks = sorted({int(m.group(1)) for m in map(TOPK_RE.match, side.order) if m})
+            for k in reversed(ks):
+                if side.has(f"logits:top{k}_ids") and side.has(f"logits:top{k}_values"):
+                    return "topk", k
+            return None, None
+        (rt, kt), (rr, kr) = rep(self.test), rep(self.ref)
+        if rt is None or rr is None:
+            return
+        try:
+            if rt == "full" and rr == "full":
+                res = self.compare(exec_idx, "logits")
+                if res is None:
+                    return
+                return self.logits_full_stats(res)
+            return self.logits_topk(exec_idx, rt, kt, rr, kr)
+        except InputError as e:
+            self.errors.append(str(e))
+
+    def logits_full_stats(self, res):
+        sa, a = self.test.load("logits")
+        sb, b = self.ref.load("logits")
+        T, V = sb[0], math.prod(sb[1:])
+        top1 = 0
+        ov = {5: 0, 16: 0}
+        kls = []
+        for t in range(T):
+            ra, rb = a[t * V:(t + 1) * V], b[t * V:(t + 1) * V]
+            ia, ib = topk_ids(ra, 16), topk_ids(rb, 16)
+            top1 += ia[0] == ib[0]
+            for k in ov:
+                ov[k] += len(set(ia[:k]) & set(ib[:k])) / k
+            lse_a, lse_b = log_sum_exp(ra), log_sum_exp(rb)
+            p = map(math.exp, map(operator.sub, rb, repeat(lse_b)))
+            kl = lse_a - lse_b - sum(map(operator.mul, p, map(operator.sub, ra, rb)))
+            kls.append(max(kl, 0.0))
+        self.logits = {"representation": "full vs full", "positions": T, "top1_agree": top1,
+                       "top5_overlap": ov[5] / T, "top16_overlap": ov[16] / T,
+                       "kl_mean": sum(kls) / T, "kl_max": max(kls), "kl_max_pos": kls.index(max(kls)),
+                       "max_abs": res["max_abs"], "max_at": res["max_at"]}
+
+    def logits_topk(self, exec_idx, rt, kt, rr, kr):
+        def rows(side, kind, k):
+            if kind == "full":
+                shape, data = side.load("logits")
+                V = math.prod(shape[1:])
+                return shape[0], [(None, data[t * V:(t + 1) * V]) for t in range(shape[0])]
+            si, ids = side.load(f"logits:top{k}_ids")
+            sv, vals = side.load(f"logits:top{k}_values")
+            if list(si) != list(sv) or len(si) != 2:
+                raise InputError(f"{side.label} logits:top{k}_ids {list(si)} and _values {list(sv)} must both be [T, {k}]")
+            return si[0], [(list(ids[t * k:(t + 1) * k]), list(vals[t * k:(t + 1) * k])) for t in range(si[0])]
+        Ta, ra = rows(self.test, rt, kt)
+        Tb, rb = rows(self.ref, rr, kr)
+        if Ta != Tb:
+            raise InputError(f"logits: TEST has {Ta} positions, REF {Tb}")
+        k = min(x for x in (kt, kr) if x)
+        name = f"logits:top{kr}_values" if rr == "topk" else "logits"
+        res = {"name": name, "shape": [Tb, k], "kind": "logits", "exec": exec_idx, "bad": [], "shadowed": 0,
+               "excluded": 0}
+        atol = (LOGITS_TOPK_ATOL_INT8 if self.mode == "int8" else LOGITS_ATOL) * self.scale
+        top1, ov5, ovk, worst, worst_at, common_min, bad = 0, 0.0, 0.0, 0.0, [0, 0], k, []
+        for t in range(Tb):
+            (ia, va), (ib, vb) = ra[t], rb[t]
+            if ia is None:           # test full: its own top-k, and its values at the reference ids
+                ia = topk_ids(va, k)
+                la = {i: va[i] for i in ia + ib}
+            else:
+                la = dict(zip(ia, va))
+            if ib is None:
+                ib = topk_ids(vb, k)
+                lb = {i: vb[i] for i in ia + ib}
+            else:
+                lb = dict(zip(ib, vb))
+            ia, ib = ia[:k], ib[:k]
+            top1 += ia[0] == ib[0]
+            ov5 += len(set(ia[:5]) & set(ib[:5])) / min(5, k)
+            ovk += len(set(ia) & set(ib)) / k
+            common = [i for i in ib if i in la]
+            common_min = min(common_min, len(common))
+            row_worst = 0.0
+            for i in common:
+                d = abs(la[i] - lb[i])
+                if d > row_worst or d != d:
+                    row_worst = d
+                if d > worst or d != d:
+                    worst, worst_at = d, [t, i]
+            if row_worst > atol or row_worst != row_worst or (rt == rr == "topk" and ia[0] != ib[0]):
+                bad.append(t)
+        res.update(max_abs=worst, max_at=worst_at, rel_l2=None, tol=f"max|d|<={atol:g} on the top-{k} ids",
+                   bad=bad)
+        keep = [p for p in bad if not self.shadowed(exec_idx, name, p)]
+        res["shadowed"] = len(bad) - len(keep)
+        res["bad"] = keep
+        res["first_bad"] = keep[0] if keep else None
+        res["status"] = "DIVERGED" if keep else ("after routing flip" if res["shadowed"] else "ok")
+        self.results.append(res)
+        self.logits = {"representation": f"{'full' if rt == 'full' else f'top-{kt}'} (TEST) vs "
+                                          f"{'full' if rr == 'full' else f'top-{kr}'} (REF)",
+                       "positions": Tb, "top1_agree": top1, "top5_overlap": ov5 / Tb, f"top{k}_overlap": ovk / Tb,
+                       "max_abs": worst, "max_at": worst_at, "common_ids_min": common_min,
+                       "kl": f"skipped: the {'reference' if rr == 'topk' else 'test'} has only top-{k} logits"}
+
+    # ---- everything ----
+    def run(self):
+        names = [n for n in self.ref.order if self.test.has(n)]
+        logits_names = {n for n in self.ref.order + self.test.order if n == "logits" or TOPK_RE.match(n)}
+        logits_done = False
+        for idx, name in enumerate(self.ref.order):
+            if name in logits_names:
+                if not logits_done:
+                    logits_done = True
+                    self.compare_logits(idx)
+                continue
+            if self.test.has(name):
+                self.compare(idx, name)
+        if not logits_done and logits_names:
+            self.compare_logits(len(self.ref.order))
+        self.only_test = [n for n in self.test.order if not self.ref.has(n) and n not in logits_names]
+        self.only_ref = [n for n in self.ref.order if not self.test.has(n) and n not in logits_names]
+        if not names and not self.logits:
+            self.errors.append("the two dumps have no tensor name in common\n  hint: names are HF module "
+                               "paths (docs/compare.md); convert fixture goldens with test/fixture_to_dump.py")
+
+    def first_divergence(self):
+        """Earliest (position, execution index) of a bad row that no routing flip explains."""
+        best = None
+        for r in self.results:
+            if r["bad"]:
+                key = (r["first_bad"], r["exec"])
+                if best is None or key < best[0]:
+                    best = (key, r)
+        return best[1] if best else None
+
+    def layer_table(self):
+        """Per layer: rel L2 of its output, of its input, and the difference (what the layer adds)."""
+        by_name = {r["name"]: r for r in self.results}
+        rows, prev = [], by_name.get("model:input_scaled")
+        layers = sorted({layer_of(r["name"]) for r in self.results if layer_of(r["name"]) is not None})
+        for i in layers:
+            out = by_name.get(f"model.layers.{i}.post_mlp_residual_scale")
+            rin = prev["rel_l2"] if prev and prev.get("rel_l2") is not None else None
+            rout = out["rel_l2"] if out and out.get("rel_l2") is not None else None
+            worst = max((r for r in self.results if layer_of(r["name"]) == i and r.get("row_err_max") is not None),
+                        key=lambda r: r["row_err_max"], default=None)
+            rows.append({"layer": i, "input_rel_l2": rin, "output_rel_l2": rout,
+                         "added": (rout - (rin or 0.0)) if rout is not None else None,
+                         "worst_tensor": worst["name"] if worst else None,
+                         "worst_row_err": worst["row_err_max"] if worst else None})
+            prev = out
+        return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+
+def fmt(x, spec=".3g"):
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return format(x, spec)
+
+
+def report(c, verbose):
+    t, r = c.test, c.ref
+    print(f"TEST {t.folder}: {t.producer()}, weights {t.weights}, skip_expert {t.skip}")
+    print(f"REF  {r.folder}: {r.producer()}, weights {r.weights}, skip_expert {r.skip}")
+    print(f"mode: {c.mode} (tolerance scale {c.scale:g}); per-row error = ||a-b|| / max(||b||, "
+          f"{FLOOR_REL:g}*rowrms(b), {ATOL:g}*sqrt(n)); NMSE = sum((a-b)^2)/sum(b^2) (not llama.cpp's MSE/Var(b))")
+    if c.skip_differs:
+        print(f"note: skip_expert differs (TEST {t.skip}, REF {r.skip}): at tokens routed to the skip expert the "
+              f"MoE output differs by definition; :router_weight rows of those tokens are not compared")
+    for n in c.notes:
+        print("note: " + n)
+
+    head = f"{'tensor':58s} {'shape':>14s} {'max|a-b|':>9s} {'at':>14s} {'relL2':>9s} {'NMSE':>9s} {'cos min':>10s} {'1st bad':>7s}  status"
+    shown = [x for x in c.results if verbose or x["status"] != "ok"]
+    if shown:
+        print("\n" + head)
+        limit = len(shown) if verbose else 40
+        for x in shown[:limit]:
+            at = ",".join(map(str, x.get("max_at") or [])) or "-"
+            cos = fmt(x.get("cos_min"), ".7f")
+            status = x["status"]
+            if x["kind"] == "integer" and "agree" in x:
+                status += f" ({x['agree']}/{x['shape'][0]} agree)"
+            if x.get("excluded"):
+                status += f" ({x['excluded']} skip-token rows not compared)"
+            print(f"{x['name']:58s} {str(x['shape']).replace(' ', ''):>14s} {fmt(x.get('max_abs')):>9s} {at:>14s} "
+                  f"{fmt(x.get('rel_l2')):>9s} {fmt(x.get('nmse')):>9s} {cos:>10s} {fmt(x.get('first_bad'), 'd'):>7s}  {status}")
+        if len(shown) > limit:
+            print(f"... {len(shown) - limit} more tensors past tolerance (--verbose lists every tensor)")
+    print(f"\ncompared {len(c.results)} tensors: {sum(x['status'] == 'ok' for x in c.results)} ok, "
+          f"{sum(x['status'] == 'DIVERGED' for x in c.results)} diverged, "
+          f"{sum(x['status'].startswith('after') for x in c.results)} only after routing flips")
+
+    table = c.layer_table()
+    if table:
+        print("\nper layer (rel L2 of the layer output; added = output minus input, input = previous layer output "
+              "or model:input_scaled):")
+        print(f"{'layer':>5s} {'input':>10s} {'output':>10s} {'added':>10s}  {'routing':>9s}  worst row error (tensor)")
+        routing = {l: (a, n) for l, a, n in c.routing}
+        for row in table:
+            a, n = routing.get(row["layer"], (None, None))
+            rt = f"{a}/{n}" if a is not None else "-"
+            print(f"{row['layer']:5d} {fmt(row['input_rel_l2']):>10s} {fmt(row['output_rel_l2']):>10s} "
+                  f"{fmt(row['added']):>10s}  {rt:>9s}  {fmt(row['worst_row_err'])} ({row['worst_tensor']})")
+
+    if c.routing:
+        agree = sum(a for _, a, _ in c.routing)
+        total = sum(n for _, _, n in c.routing)
+        print(f"\nrouting: top-1 agreement {agree}/{total} (layer, position) pairs over {len(c.routing)} layers")
+        for f in c.flips:
+            m = fmt(f["margin"], ".4g")
+            print(f"  flip layer {f['layer']} position {f['position']}: TEST {f['test']} REF {f['ref']}, "
+                  f"margin {m} ({f['margin_source']}) -> {f['label']}"
+                  + (f" (< {c.near_tie:g})" if f["label"] == "near-tie" else f" (>= {c.near_tie:g} or unknown)"))
+    if c.logits:
+        L = c.logits
+        print(f"\nlogits ({L['representation']}): top-1 agree {L['top1_agree']}/{L['positions']}, "
+              + ", ".join(f"{k.replace('_overlap', '')} overlap {v:.3f}" for k, v in L.items() if k.endswith("_overlap"))
+              + f", max|a-b| {fmt(L['max_abs'])} at {L['max_at']}")
+        if "kl_mean" in L:
+            print(f"  KL(P_ref || P_test): mean {L['kl_mean']:.3g}, max {L['kl_max']:.3g} at position {L['kl_max_pos']}")
+        else:
+            print(f"  KL {L['kl']}")
+
+    if c.only_ref or c.only_test:
+        print()
+        for label, names in (("only in REF", c.only_ref), ("only in TEST", c.only_test)):
+            if names:
+                more = f" ... (+{len(names) - 8})" if len(names) > 8 and not verbose else ""
+                print(f"{label} ({len(names)}): " + ", ".join(names if verbose else names[:8]) + more)
+
+    first = c.first_divergence()
+    print()
+    if first:
+        t0 = first["first_bad"]
+        print(f"FIRST DIVERGENCE: {first['name']} at position {t0}")
+        prev = [x for x in c.results if x["exec"] < first["exec"]]
+        if prev:
+            print(f"  every tensor before it agrees at positions <= {t0} and all tensors agree at positions < {t0}; "
+                  f"look at the computation between {prev[-1]['name']} and {first['name']}")
+        layer = layer_of(first["name"])
+        if c.skip_differs and layer is not None and t0 in c.ref_skip_rows.get(layer, ()):
+            print(f"  expected: REF routes position {t0} of layer {layer} to the skip expert and the dumps use "
+                  f"different skip_expert modes ({c.test.skip} vs {c.ref.skip})")
+        earliest = min((x for x in c.results if x["bad"]), key=lambda x: x["exec"])
+        if earliest is not first:
+            print(f"  (earliest tensor in execution order past tolerance: {earliest['name']}, first bad position "
+                  f"{earliest['first_bad']})")
+    bugs = [f for f in c.flips if f["label"] == "BUG"]
+    verdict = "DIVERGED" if first or bugs else "AGREE"
+    extra = f" ({len(c.flips)} near-tie routing flip(s))" if c.flips and not bugs else ""
+    print(f"RESULT: {verdict}{extra}")
+
+
+# ------------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Compare two golden-tensor dumps (docs/compare.md).")
+    ap.add_argument("test_dir")
+    ap.add_argument("ref_dir")
+    ap.add_argument("--tol-scale", type=float, default=1.0, help="multiply every tolerance by X")
+    ap.add_argument("--weights", choices=["fp32", "int8"], help="gate kind (default: from index.json weight_format)")
+    ap.add_argument("--near-tie", type=float, default=NEAR_TIE, help=f"router margin of a near-tie (default {NEAR_TIE})")
+    ap.add_argument("--strict", action="store_true", help="tensors present on one side only are failures")
+    ap.add_argument("--verbose", action="store_true", help="list every tensor")
+    ap.add_argument("--json", metavar="OUT", help="also write every metric as JSON")
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as e:
+        return 2 if e.code else 0
+    if not (args.tol_scale > 0):
+        print("compare.py: --tol-scale must be > 0", file=sys.stderr)
+        return 2
+    try:
+        test = Dump(args.test_dir, "TEST")
+        ref = Dump(args.ref_dir, "REF")
+        if test.tokens is not None and ref.tokens is not None and test.tokens != ref.tokens:
+            diff = next((i for i, (x, y) in enumerate(zip(test.tokens, ref.tokens)) if x != y),
+                        min(len(test.tokens), len(ref.tokens)))
+            raise InputError(f"the dumps are of different prompts: {len(test.tokens)} vs {len(ref.tokens)} tokens, "
+                             f"first difference at position {diff}\n  hint: dump both with the same --ids")
+        if ref.tokens is None:
+            ref.tokens = test.tokens
+        mode = args.weights or ("int8" if "int8" in (str(test.weights), str(ref.weights)) else "fp32")
+        c = Comparison(test, ref, mode, args.tol_scale, args.near_tie)
+        c.run()
+    except InputError as e:
+        print(f"compare.py: {e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("compare.py: out of memory while reading a tensor", file=sys.stderr)
+        return 2
+    report(c, args.verbose)
+    if args.json:
+        try:
+            with open(args.json, "w") as f:
+                json.dump({"test": test.folder, "ref": ref.folder, "mode": mode, "tol_scale": args.tol_scale,
+                           "tensors": c.results, "layers": c.layer_table(), "flips": c.flips,
+                           "routing": [{"layer": l, "agree": a, "total": n} for l, a, n in c.routing],
+                           "logits": c.logits, "only_ref": c.only_ref, "only_test": c.only_test,
+                           "first_divergence": (lambda f: f and {"name": f["name"], "position": f["first_bad"]})(
+                               c.first_divergence()), "errors": c.errors}, f, indent=1, default=str)
+        except OSError as e:
+            print(f"compare.py: cannot write {args.json}: {e.strerror}", file=sys.stderr)
+            return 2
+    if c.errors:
+        print("\nINPUT ERRORS:", file=sys.stderr)
+        for e in c.errors:
+            print("compare.py: " + e, file=sys.stderr)
+        return 2
+    failed = c.first_divergence() or any(f["label"] == "BUG" for f in c.flips) or (
+        args.strict and (c.only_ref or c.only_test))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

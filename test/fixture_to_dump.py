@@ -1,0 +1,395 @@
+#!/usr/bin/env python3
+"""fixture_to_dump.py - convert a shared fixture golden folder into a compare.py dump.
+
+    python3 test/fixture_to_dump.py FIXTURE_GOLDEN_DIR OUT_DIR
+
+FIXTURE_GOLDEN_DIR is `golden/` (the upstream transformers code: native module paths under taps/) or
+`golden_zyphra/` (Zyphra's legacy fork: half-layer module paths, even 2i = attention of layer i, odd
+2i+1 = MoE of layer i). The kind is detected from the tap file names, every dimension from the shapes.
+The output uses our names and shapes (docs/compare.md), skip_expert "zero" (upstream) or "passthrough"
+(legacy), and the fixture's top-k logits as `logits:top{k}_ids` / `logits:top{k}_values`.
+
+Facts about the fixture files this relies on (checked against the fixture README / index.json and,
+where the README is silent or wrong, by the numbers):
+- `hidden_states.npy` [L,T,H] = each layer's output -> `P.post_mlp_residual_scale`;
+  `router_indices.npy` [L,T] = raw top-1 class (E = skip) -> `P.mlp.gate.router_indices` (the upstream
+  taps' router_indices are after skip masking, so they are not used); `router_margin.npy` [L,T] ->
+  `P.mlp.gate:router_margin`; `final_norm.npy` -> `model.norm`.
+- Conv1d taps are [T_out, C] stored with fortran_order True (compare.read_npy reorders them); the
+  depthwise conv's first T_out - T rows (a_{-1}) are dropped. The grouped output is checked against
+  the one rebuilt from other taps (upstream: `qkv_proj.query/key` minus the residuals; legacy: the
+  channel-first `qkv.conv_qk` Sequential output [C, T]); a mismatch is noted in index.json.
+- The legacy `qkv.query` / `qkv.key` are AFTER qk-norm (and temp) -> `qk_norm:query/key`; the legacy
+  `qkv.val_proj2` row t is v_proj_delayed(h_{t-1}) (shifted), so it cannot give our
+  `v_proj_delayed` (this token's projection) for the last position and is not mapped.
+- upstream `mlp.gate.router_probs` and legacy `router.router_probs` are [T]: the weight applied to the
+  chosen expert (0 for a skip token upstream, P[E] in the legacy code) -> `P.mlp.gate:router_weight`.
+- `model.layers.0.input_norm.input` (legacy) is the scaled embedding -> `model:input_scaled`; a legacy
+  half-layer 2i+1's `input_norm.input` is layer i's `post_attention_residual_scale`.
+Derived tensors (not tapped by the fixture; computed here from taps, marked "derived" in index.json):
+`qkv_proj:query_residual/key_residual` (from q_proj, k_proj), legacy `qkv_proj:query/key` (grouped conv
++ residual), `mlp.gate:router_probs` (softmax of the router logits), `self_attn:query_after_rope/
+key_after_rope` (qk-norm output and the fixture's RoPE cos/sin taps; needs the layer types from the
+fixture's index.json one folder up).
+"""
+import array
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from compare import InputError, execution_order, read_npy, write_dump  # noqa: E402
+
+
+def f32(values):
+    return array.array("f", values)
+
+
+def rows_of(shape, data):
+    n = math.prod(shape[1:]) if len(shape) > 1 else 1
+    return [data[t * n:(t + 1) * n] for t in range(shape[0])]
+
+
+def rel_err(a, b):
+    num = math.fsum((x - y) ** 2 for x, y in zip(a, b))
+    den = math.fsum(y * y for y in b)
+    return math.sqrt(num / den) if den else math.sqrt(num)
+
+
+class Converter:
+    def __init__(self, src):
+        self.src = src
+        self.taps = os.path.join(src, "taps")
+        if not os.path.isdir(src):
+            raise InputError(f"{src} does not exist\n  hint: give ../shared/fixtures/public/golden or golden_zyphra")
+        self.out = {}           # name -> (shape, data, extra)
+        self.notes = []
+        self.unmapped = []
+        self.used = set()
+        self.tokens = list(self.npy("tokens.npy", top=True)[1])
+        self.T = len(self.tokens)
+        hs = self.npy("hidden_states.npy", top=True)[0]
+        if len(hs) != 3 or hs[1] != self.T:
+            raise InputError(f"{src}/hidden_states.npy has shape {list(hs)}, expected [L, T={self.T}, H]")
+        self.L = hs[0]
+        if self.has("model.layers.0.self_attn.qkv_proj.q_proj"):
+            self.layout = "native"
+        elif self.has("model.layers.0.self_attn.qkv.linear_q"):
+            self.layout = "legacy"
+        else:
+            raise InputError(f"{self.taps}: neither upstream (model.layers.0.self_attn.qkv_proj.q_proj.npy) nor "
+                             f"legacy (model.layers.0.self_attn.qkv.linear_q.npy) taps found")
+        self.fixture_index = {}
+        idx = os.path.join(os.path.dirname(os.path.abspath(src)), "index.json")
+        if os.path.exists(idx):
+            with open(idx) as f:
+                self.fixture_index = json.load(f)
+
+    # ---- reading ----
+    def has(self, tap):
+        return os.path.exists(os.path.join(self.taps, tap + ".npy"))
+
+    def npy(self, name, top=False):
+        path = os.path.join(self.src if top else self.taps, name if top else name + ".npy")
+        if not top:
+            self.used.add(name)
+        return read_npy(path)
+
+    def put(self, name, shape, data, source, derived=None):
+        shape = tuple(shape)
+        if math.prod(shape) != len(data):
+            raise InputError(f"{source}: {len(data)} values cannot be {name} {list(shape)}")
+        if shape and shape[0] != self.T and not name.startswith("logits"):
+            raise InputError(f"{source}: first axis {shape[0]} is not the {self.T} positions")
+        extra = {"source": source}
+        if derived:
+            extra["derived"] = derived
+        self.out[name] = (shape, data if isinstance(data, array.array) else f32(data), extra)
+
+    def tap(self, tap, name, reshape=None):
+        """Maps one tap file unchanged (optionally viewed with another trailing shape)."""
+        if not self.has(tap):
+            self.notes.append(f"tap {tap} missing: {name} not written")
+            return None
+        shape, data = self.npy(tap)
+        if reshape:
+            shape = (shape[0],) + tuple(reshape)
+        self.put(name, shape, data, f"taps/{tap}.npy")
+        return shape, data
+
+    # ---- the convolutions ----
+    def conv_pair(self, P, dw_tap, gr_tap, expected):
+        """Depthwise and grouped conv taps [T_out, C] -> [T, C] (the depthwise conv's first T_out - T rows,
+        a_{-1}, dropped). `expected` = the grouped output rebuilt from other taps, [T, C] flat: a mismatch
+        is noted in index.json (it would mean a tap is not what this adapter thinks it is)."""
+        if not (self.has(dw_tap) and self.has(gr_tap)):
+            self.notes.append(f"{P}: conv taps missing")
+            return None, None
+        for tap, name in ((dw_tap, "conv_qk_depthwise"), (gr_tap, "conv_qk_grouped")):
+            (Tout, C), d = self.npy(tap)
+            drop = Tout - self.T
+            self.put(f"{P}.self_attn.qkv_proj.{name}", (self.T, C), d[drop * C:],
+                     f"taps/{tap}.npy" + (f" (first {drop} row(s), a_(-1), dropped)" if drop else ""))
+        _, z, _ = self.out[f"{P}.self_attn.qkv_proj.conv_qk_grouped"]
+        if expected is not None:
+            err = rel_err(z, expected)
+            if err > 1e-5:
+                self.notes.append(f"{P}: the grouped conv tap differs from the one rebuilt from other taps "
+                                  f"(rel error {err:.3g})")
+        return z, C
+
+    # ---- derived tensors ----
+    def residuals(self, P, q_tap, k_tap, nq, nkv, d):
+        """query_residual[n] = (q[n] + k[n // g]) / 2; key_residual[j] = mean of its g query residuals."""
+        _, q = self.npy(q_tap)
+        _, k = self.npy(k_tap)
+        g = nq // nkv
+        qr, kr = [], []
+        for t in range(self.T):
+            qt, kt = q[t * nq * d:(t + 1) * nq * d], k[t * nkv * d:(t + 1) * nkv * d]
+            heads = [[(qt[n * d + i] + kt[(n // g) * d + i]) * 0.5 for i in range(d)] for n in range(nq)]
+            heads = [list(f32(h)) for h in heads]
+            qr.extend(x for h in heads for x in h)
+            for j in range(nkv):
+                kr.extend(math.fsum(heads[j * g + r][i] for r in range(g)) / g for i in range(d))
+        how = f"from taps/{q_tap}.npy and taps/{k_tap}.npy"
+        self.put(f"{P}.self_attn.qkv_proj:query_residual", (self.T, nq, d), qr,
+                 how, "(q_proj[n] + k_proj[n // g]) / 2")
+        self.put(f"{P}.self_attn.qkv_proj:key_residual", (self.T, nkv, d), kr,
+                 how, "mean of the g query residuals of each KV head")
+        return f32(qr), f32(kr)
+
+    def layer_type(self, i):
+        cfg = self.fixture_index.get("config", {})
+        types = cfg.get("layer_types")
+        return types[i] if isinstance(types, list) and i < len(types) else None
+
+    def rope(self, P, i, nq, nkv, d):
+        kind = self.layer_type(i)
+        if kind is None:
+            self.notes.append(f"{P}: layer type unknown (no config.layer_types in the fixture index.json): "
+                              f"query/key_after_rope not derived")
+            return
+        if self.layout == "native":
+            cos_tap, sin_tap = f"model.rotary_emb.{kind}.cos", f"model.rotary_emb.{kind}.sin"
+        else:
+            prefix = "model.swa_rotary_emb" if kind == "hybrid_sliding" else "model.rotary_emb"
+            cos_tap, sin_tap = prefix + ".cos", prefix + ".sin"
+        src = {"query": f"{P}.self_attn.qk_norm:query", "key": f"{P}.self_attn.qk_norm:key"}
+        if not (self.has(cos_tap) and self.has(sin_tap) and all(n in self.out for n in src.values())):
+            self.notes.append(f"{P}: rotary taps {cos_tap}/{sin_tap} or qk-norm outputs missing: rope not derived")
+            return
+        sc, cos = self.npy(cos_tap)
+        _, sin = self.npy(sin_tap)
+        rot = sc[1]
+        half = rot // 2
+        for part, heads in (("query", nq), ("key", nkv)):
+            _, x = self.out[src[part]][:2]
+            out = array.array("f", x)
+            for t in range(self.T):
+                c, s = cos[t * rot:(t + 1) * rot], sin[t * rot:(t + 1) * rot]
+                for h in range(heads):
+                    base = (t * heads + h) * d
+                    v = x[base:base + rot]
+                    rh = [-v[j + half] for j in range(half)] + [v[j] for j in range(half)]
+                    a = f32(v[j] * c[j] for j in range(rot))          # q * cos, rounded like torch fp32
+                    b = f32(rh[j] * s[j] for j in range(rot))         # rotate_half(q) * sin
+                    out[base:base + rot] = f32(a[j] + b[j] for j in range(rot))
+            self.put(f"{P}.self_attn:{part}_after_rope", (self.T, heads, d), out,
+                     f"qk_norm:{part} and taps/{cos_tap}.npy, {sin_tap}.npy",
+                     f"x*cos + rotate_half(x)*sin on the first {rot} dims (layer type {kind})")
+
+    def softmax_probs(self, P, logits_name):
+        shape, data, _ = self.out[logits_name]
+        n = shape[1]
+        probs = []
+        for t in range(shape[0]):
+            row = data[t * n:(t + 1) * n]
+            m = max(row)
+            e = [math.exp(v - m) for v in row]
+            s = math.fsum(e)
+            probs.extend(v / s for v in e)
+        self.put(f"{P}.mlp.gate:router_probs", shape, probs, logits_name, "softmax of the router logits")
+
+    # ---- the two layouts ----
+    def convert(self):
+        T = self.T
+        _, ri = self.npy("router_indices.npy", top=True)
+        _, rm = self.npy("router_margin.npy", top=True)
+        _, hs = self.npy("hidden_states.npy", top=True)
+        sh = self.npy("hidden_states.npy", top=True)[0]
+        H = sh[2]
+        self.tap("model.embed_tokens", "model.embed_tokens")
+        if self.layout == "legacy":
+            self.tap("model.layers.0.input_norm.input", "model:input_scaled")
+        for i in range(self.L):
+            P = f"model.layers.{i}"
+            if self.layout == "native":
+                self.native_layer(i, P)
+            else:
+                self.legacy_layer(i, P)
+            self.put(f"{P}.mlp.gate:router_margin", (T,), rm[i * T:(i + 1) * T], "router_margin.npy")
+            self.put(f"{P}.mlp.gate.router_indices", (T,), array.array("i", ri[i * T:(i + 1) * T]),
+                     "router_indices.npy (raw top-1, before skip masking)")
+            self.put(f"{P}.post_mlp_residual_scale", (T, H), hs[i * T * H:(i + 1) * T * H], "hidden_states.npy")
+        sf, fn = self.npy("final_norm.npy", top=True)
+        self.put("model.norm", sf, fn, "final_norm.npy")
+        names = sorted(n for n in os.listdir(self.src) if n.startswith("logits_top") and n.endswith("_ids.npy"))
+        for n in names:
+            k = n[len("logits_top"):-len("_ids.npy")]
+            si, ids = self.npy(n, top=True)
+            sv, vals = self.npy(f"logits_top{k}_values.npy", top=True)
+            self.put(f"logits:top{k}_ids", si, ids, n)
+            self.put(f"logits:top{k}_values", sv, vals, f"logits_top{k}_values.npy")
+        for f in sorted(os.listdir(self.taps)):
+            if f.endswith(".npy") and f[:-4] not in self.used:
+                self.unmapped.append(f[:-4])
+
+    def native_layer(self, i, P):
+        A = f"{P}.self_attn"
+        self.tap(f"{P}.input_layernorm", f"{P}.input_layernorm")
+        self.tap(f"{A}.qkv_proj.q_proj", f"{A}.qkv_proj.q_proj")
+        self.tap(f"{A}.qkv_proj.k_proj", f"{A}.qkv_proj.k_proj")
+        sq, q = self.tap(f"{A}.qkv_proj.query", f"{A}.qkv_proj:query")
+        sk, k = self.tap(f"{A}.qkv_proj.key", f"{A}.qkv_proj:key")
+        nq, d, nkv = sq[1], sq[2], sk[1]
+        qr, kr = self.residuals(P, f"{A}.qkv_proj.q_proj", f"{A}.qkv_proj.k_proj", nq, nkv, d)
+        # grouped conv output = query - query_residual (q channels) and key - key_residual (k channels)
+        want = []
+        for t in range(self.T):
+            want += [q[t * nq * d + j] - qr[t * nq * d + j] for j in range(nq * d)]
+            want += [k[t * nkv * d + j] - kr[t * nkv * d + j] for j in range(nkv * d)]
+        self.conv_pair(P, f"{A}.qkv_proj.conv_qk_depthwise", f"{A}.qkv_proj.conv_qk_grouped", want)
+        self.tap(f"{A}.qkv_proj.v_proj_current", f"{A}.qkv_proj.v_proj_current")
+        self.tap(f"{A}.qkv_proj.v_proj_delayed", f"{A}.qkv_proj.v_proj_delayed")
+        self.used.add(f"{A}.qkv_proj.v_proj_delayed.call1")   # v_proj_delayed(0): the t = -1 input
+        self.tap(f"{A}.qkv_proj.value", f"{A}.qkv_proj:value")
+        self.tap(f"{A}.qk_norm.query", f"{A}.qk_norm:query")
+        self.tap(f"{A}.qk_norm.key", f"{A}.qk_norm:key")
+        self.rope(P, i, nq, nkv, d)
+        self.tap(f"{A}.o_proj.input", f"{A}:attn_output")
+        self.tap(f"{A}.o_proj", f"{A}.o_proj")
+        self.used.add(f"{A}.attn_output")                      # = o_proj output (the module's output)
+        self.tap(f"{P}.post_attention_residual_scale", f"{P}.post_attention_residual_scale")
+        self.tap(f"{P}.post_attention_layernorm", f"{P}.post_attention_layernorm")
+        G = f"{P}.mlp.gate"
+        self.tap(f"{G}.down_proj", f"{G}.down_proj")
+        self.tap(f"{G}.router_states", f"{G}:router_state")
+        self.used.update({f"{P}.mlp.router_states", f"{P}.router_states"})   # the same state, re-tapped
+        self.tap(f"{G}.router_mlp.norm", f"{G}.router_mlp.norm")
+        self.tap(f"{G}.router_mlp.fc1", f"{G}.router_mlp.fc1")
+        self.tap(f"{G}.router_mlp.fc2", f"{G}.router_mlp.fc2")
+        if self.tap(f"{G}.router_mlp", f"{G}.router_mlp"):
+            self.softmax_probs(P, f"{G}.router_mlp")
+        self.used.update({f"{G}.router_logits", f"{G}.router_mlp.out_proj"})  # = router_mlp output
+        self.tap(f"{G}.router_probs", f"{G}:router_weight")
+        self.tap(f"{P}.mlp.experts", f"{P}.mlp.experts")
+        self.used.update({f"{P}.mlp.moe_output", f"{P}.hidden_states", f"{P}.post_mlp_residual_scale"})
+
+    def legacy_layer(self, i, P):
+        At, Mo = f"model.layers.{2 * i}", f"model.layers.{2 * i + 1}"
+        A, Q = f"{P}.self_attn", f"{At}.self_attn.qkv"
+        self.tap(f"{At}.input_norm", f"{P}.input_layernorm")
+        sq, _ = self.tap(f"{Q}.linear_q", f"{A}.qkv_proj.q_proj")
+        sk, _ = self.tap(f"{Q}.linear_k", f"{A}.qkv_proj.k_proj")
+        sv, _ = self.npy(f"{Q}.value")
+        # head_dim: value = [nkv * d] with nkv from the fixture config (num_key_value_heads); the grouped
+        # conv has (nq + nkv) * d channels and q_proj nq * d.
+        cfg = self.fixture_index.get("config", {})
+        d = cfg.get("head_dim")
+        nkv = cfg.get("num_key_value_heads")
+        if not isinstance(d, int) or not isinstance(nkv, int):
+            raise InputError("legacy taps are flat [T, heads*d]: the fixture index.json one folder up must give "
+                             "config.head_dim and config.num_key_value_heads")
+        nq = sq[1] // d
+        if sk[1] != nkv * d or sv[1] != nkv * d:
+            raise InputError(f"{Q}: k_proj {sk[1]} / value {sv[1]} columns are not num_key_value_heads*head_dim = {nkv * d}")
+        qr, kr = self.residuals(P, f"{Q}.linear_q", f"{Q}.linear_k", nq, nkv, d)
+        C = (nq + nkv) * d
+        want = None
+        if self.has(f"{Q}.conv_qk"):
+            sc, cf = self.npy(f"{Q}.conv_qk")   # Sequential output, channel-first [C, T]
+            if list(sc) == [C, self.T]:
+                want = [cf[c * self.T + t] for t in range(self.T) for c in range(C)]
+        z, _ = self.conv_pair(P, f"{Q}.conv_qk.0", f"{Q}.conv_qk.1", want)
+        query = [z[t * C + j] + qr[t * nq * d + j] for t in range(self.T) for j in range(nq * d)]
+        key = [z[t * C + nq * d + j] + kr[t * nkv * d + j] for t in range(self.T) for j in range(nkv * d)]
+        how = "grouped conv + residual"
+        self.put(f"{A}.qkv_proj:query", (self.T, nq, d), query, how, "conv_qk_grouped[:nq*d] + query_residual")
+        self.put(f"{A}.qkv_proj:key", (self.T, nkv, d), key, how, "conv_qk_grouped[nq*d:] + key_residual")
+        self.tap(f"{Q}.val_proj1", f"{A}.qkv_proj.v_proj_current")
+        self.used.add(f"{Q}.val_proj2")
+        self.notes.append(f"{Q}.val_proj2 not mapped: its row t is v_proj_delayed(h_(t-1)), ours is this token's "
+                          f"projection (the last position is missing)")
+        self.tap(f"{Q}.value", f"{A}.qkv_proj:value", (nkv, d))
+        self.tap(f"{Q}.query", f"{A}.qk_norm:query", (nq, d))     # legacy qkv.query is after qk-norm
+        self.tap(f"{Q}.key", f"{A}.qk_norm:key", (nkv, d))
+        self.rope(P, i, nq, nkv, d)
+        self.tap(f"{At}.self_attn.o_proj.input", f"{A}:attn_output")
+        self.tap(f"{At}.self_attn.o_proj", f"{A}.o_proj")
+        self.used.update({f"{At}.self_attn.attn_output", f"{At}.residual", f"{At}.input_norm.input",
+                          f"{At}.res_scale.0", f"{At}.res_scale.1", f"{At}.router_states"})
+        self.tap(f"{Mo}.input_norm.input", f"{P}.post_attention_residual_scale")
+        self.tap(f"{Mo}.input_norm", f"{P}.post_attention_layernorm")
+        G, R = f"{P}.mlp.gate", f"{Mo}.zaya_block.router"
+        self.tap(f"{R}.down_proj", f"{G}.down_proj")
+        self.tap(f"{R}.router_states", f"{G}:router_state")
+        self.tap(f"{R}.rmsnorm_eda", f"{G}.router_mlp.norm")
+        self.tap(f"{R}.router_mlp.0", f"{G}.router_mlp.fc1")
+        self.tap(f"{R}.router_mlp.2", f"{G}.router_mlp.fc2")
+        if self.tap(f"{R}.router_mlp", f"{G}.router_mlp"):
+            self.softmax_probs(P, f"{G}.router_mlp")
+        self.tap(f"{R}.router_probs", f"{G}:router_weight")
+        self.tap(f"{Mo}.zaya_block.expert_output", f"{P}.mlp.experts")
+        self.used.update({f"{R}.router_mlp.4", f"{R}.router_indices", f"{Mo}.zaya_block.router_states",
+                          f"{Mo}.router_states", f"{Mo}.residual", f"{Mo}.res_scale.0", f"{Mo}.res_scale.1"})
+
+    def write(self, out_dir):
+        order = execution_order(self.L)
+        extra = [n for n in self.out if n not in order]
+        tensors = []
+        for name in [n for n in order if n in self.out] + extra:
+            shape, data, info = self.out[name]
+            tensors.append((name, shape, data, info))
+        fx = self.fixture_index
+        prod = fx.get("producer", {}).get("golden" if self.layout == "native" else "golden_zyphra", {})
+        meta = {
+            "producer": {"program": "test/fixture_to_dump.py", "version": "1",
+                         "commit": prod.get("commit"), "reference": prod.get("code")},
+            "model": {"path": os.path.abspath(self.src), "source_layout": self.layout,
+                      "checkpoint": "checkpoint_native" if self.layout == "native" else "checkpoint_legacy"},
+            "weight_format": {"dtype": "fp32", "group_size": 0,
+                              "note": "bf16 checkpoint widened exactly to float32 (fixture README)"},
+            "skip_expert": "zero" if self.layout == "native" else "passthrough",
+            "tokens": self.tokens,
+            "run": "full-sequence forward (the fixture's taps)",
+            "notes": self.notes,
+            "unmapped_taps": self.unmapped,
+        }
+        write_dump(out_dir, tensors, meta)
+        return len(tensors)
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    try:
+        conv = Converter(argv[0])
+        conv.convert()
+        n = conv.write(argv[1])
+    except InputError as e:
+        print(f"fixture_to_dump.py: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"fixture_to_dump.py: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
+    print(f"wrote {argv[1]}: {n} tensors ({conv.layout} golden, {conv.L} layers, {conv.T} positions, "
+          f"skip_expert {'zero' if conv.layout == 'native' else 'passthrough'}); unmapped taps: {len(conv.unmapped)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
