@@ -31,6 +31,8 @@ tiny compared with its neighbours (or exactly zero) is judged against a floor, n
   | router                       | `mlp.gate*` floats                       | rowerr <= 3e-5               | row cosine >= 0.999    |
   | logits                       | `logits` (full or `logits:topK_values`)  | max abs <= 1e-3 per row      | row cosine >= 0.999    |
   |                              |                                          |                              | (top-k: max abs <= 0.1)|
+  ("row cosine >= 0.999" for int8 means: the whole tensor's cosine >= COS_INT8 = 0.999 and every row's
+  cosine >= COS_INT8_ROW = 0.995; when the tensor is below 0.999 its rows below 0.999 are the bad ones.)
   | integers                     | `router_indices`, any int32 tensor       | exact                        | exact, flips judged by |
   |                              |                                          |                              | the margin             |
 
@@ -60,7 +62,8 @@ from itertools import compress, repeat
 FLOOR_REL = 0.1     # a row's error is relative to at least 10% of the tensor's typical row norm
 ATOL = 1e-6         # ... and to at least ATOL * sqrt(n) (all-zero tensors)
 NEAR_TIE = 0.02     # routing flips below this reference margin are near-ties
-COS_INT8 = 0.999    # int8 weights vs fp32: minimum cosine per row
+COS_INT8 = 0.999    # int8 weights vs fp32: minimum cosine of the whole tensor ...
+COS_INT8_ROW = 0.995  # ... and of every row (position)
 LOGITS_ATOL = 1e-3  # fp32: max |a-b| per logits row
 LOGITS_TOPK_ATOL_INT8 = 0.1  # int8 vs a top-k-only reference: max |a-b| over the reference's top-k
 
@@ -435,7 +438,7 @@ class Comparison:
             res.update(max_abs=max((abs(x - y) for x, y in zip(a, b)), default=0), rel_l2=None)
             res["bad"] = bad
         else:
-            self.float_check(name, kind, rtol, sb, positions, n, a, b, res)
+            self.float_check(exec_idx, name, kind, rtol, sb, positions, n, a, b, res)
         # rows downstream of a routing flip, and skip-mode rows, are not divergences
         keep = []
         for p in res["bad"]:
@@ -457,7 +460,7 @@ class Comparison:
         self.results.append(res)
         return res
 
-    def float_check(self, name, kind, rtol, shape, positions, n, a, b, res):
+    def float_check(self, exec_idx, name, kind, rtol, shape, positions, n, a, b, res):
         rows = len(positions)
         exclude = set()
         if self.skip_differs and name.endswith(":router_weight"):
@@ -469,6 +472,15 @@ class Comparison:
         tot_d = math.fsum(p[0] for p in per)
         tot_b = math.fsum(p[1] for p in per)
         floor = max(FLOOR_REL * math.sqrt(tot_b / max(rows, 1)), ATOL * self.scale * math.sqrt(n))
+        # the whole-tensor cosine (int8 gate) leaves out rows a routing flip or the skip mode explains
+        clean = [p for r, p in enumerate(per)
+                 if positions[r] not in exclude and not self.shadowed(exec_idx, name, positions[r])]
+        cos_tensor = cosine(math.fsum(p[2] for p in clean), math.fsum(p[1] for p in clean),
+                            math.fsum(p[3] for p in clean))
+        # int8: a row fails below COS_INT8_ROW, or below COS_INT8 when the whole tensor is below COS_INT8
+        cos_gate = 1 - (1 - COS_INT8) * self.scale
+        if cos_tensor >= cos_gate:
+            cos_gate = 1 - (1 - COS_INT8_ROW) * self.scale
         worst, worst_at, cos_min, cos_at, worst_err, worst_err_at = -1.0, 0, 2.0, 0, 0.0, 0
         bad = []
         for r, (sq_d, sq_b, sq_a, dot, mx, mi) in enumerate(per):
@@ -486,7 +498,7 @@ class Comparison:
             if err > worst_err:
                 worst_err, worst_err_at = err, positions[r]
             if self.mode == "int8":
-                is_bad = cos < 1 - (1 - COS_INT8) * self.scale or not math.isfinite(sq_d)
+                is_bad = cos < cos_gate or not math.isfinite(sq_d)
             elif kind == "logits":
                 is_bad = mx > LOGITS_ATOL * self.scale
             else:
@@ -497,8 +509,9 @@ class Comparison:
         at[0] = positions[at[0]] if at and at[0] < len(positions) else at[0]
         res.update(max_abs=max(worst, 0.0), max_at=at, rel_l2=math.sqrt(tot_d / tot_b) if tot_b else
                    (0.0 if tot_d == 0 else math.inf), cos_min=cos_min if cos_min <= 1.5 else 1.0,
-                   cos_min_pos=cos_at, row_err_max=worst_err, row_err_pos=worst_err_at,
-                   tol=(f"cos>={1 - (1 - COS_INT8) * self.scale:g}" if self.mode == "int8" else
+                   cos_min_pos=cos_at, row_err_max=worst_err, row_err_pos=worst_err_at, cos=cos_tensor,
+                   tol=(f"cos>={1 - (1 - COS_INT8) * self.scale:g} (tensor), "
+                        f">={1 - (1 - COS_INT8_ROW) * self.scale:g} (row)" if self.mode == "int8" else
                         f"max|d|<={LOGITS_ATOL * self.scale:g}" if kind == "logits" else f"rowerr<={rtol * self.scale:g}"))
         res["nmse"] = res["rel_l2"] ** 2 if math.isfinite(res["rel_l2"]) else math.inf
         res["bad"] = bad
