@@ -23,19 +23,19 @@ position (token-major, first axis). For a row a_t (test) and b_t (reference) wit
 where rowrms(b) = ||b||_2 / sqrt(T) is the typical row norm of the reference tensor, so a row that is
 tiny compared with its neighbours (or exactly zero) is judged against a floor, not against itself.
 
-  | kind                         | names                                    | fp32 vs fp32 gate            | int8 vs fp32 gate      |
-  | ---------------------------- | ---------------------------------------- | ---------------------------- | ---------------------- |
-  | activations (default)        | every float tensor not listed below      | rowerr <= 1e-5               | row cosine >= 0.999    |
-  | attention and qk path        | `self_attn:*`, `qk_norm:*`, `o_proj`,    | rowerr <= 3e-5               | row cosine >= 0.999    |
-  |                              | `:key_cache`                             |                              |                        |
-  | router                       | `mlp.gate*` floats                       | rowerr <= 3e-5               | row cosine >= 0.999    |
-  | logits                       | `logits` (full or `logits:topK_values`)  | max abs <= 1e-3 per row      | row cosine >= 0.999    |
-  |                              |                                          |                              | (top-k: max abs <= 0.1)|
-  ("row cosine >= 0.999" for int8 means: the whole tensor's cosine >= COS_INT8 = 0.999 and every row's
-  cosine >= COS_INT8_ROW = 0.995; when the tensor is below 0.999 its rows below 0.999 are the bad ones.)
-  | integers                     | `router_indices`, any int32 tensor       | exact                        | exact, flips judged by |
-  |                              |                                          |                              | the margin             |
+  | kind                  | names                                     | fp32/bf16 vs fp32       | int8 vs fp32           |
+  | --------------------- | ----------------------------------------- | ----------------------- | ---------------------- |
+  | activation (default)  | every float tensor not listed below       | rowerr <= 1e-5          | cosine (see below)     |
+  | attention path        | `self_attn:*`, `qk_norm:*`, `o_proj`,     | rowerr <= 3e-5          | cosine                 |
+  |                       | the K/V caches                            |                         |                        |
+  | router                | `mlp.gate.*`, `mlp.gate:*` floats         | rowerr <= 3e-5          | cosine                 |
+  | logits                | `logits` (full or `logits:topK_values`)   | max abs <= 1e-3 per row | cosine; against a top-k|
+  |                       |                                           |                         | reference max abs 0.1  |
+  | integer               | `router_indices`, any int32 tensor        | exact                   | exact                  |
 
+int8 "cosine": the whole tensor's cosine >= COS_INT8 = 0.999 and every row's >= COS_INT8_ROW = 0.995
+(when the tensor is below 0.999, its rows below 0.999 are the bad ones); rows explained by a routing
+flip are left out of the tensor cosine.
 FLOOR_REL = 0.1 and ATOL = 1e-6 for every float kind. `--tol-scale X` multiplies every rtol, ATOL, the
 logits max abs and (1 - cosine gate) by X. A router_indices disagreement is a routing flip: the
 reference's top-1 margin (best minus second-best biased router score, from its `:router_scores` or
@@ -250,6 +250,8 @@ class Dump:
         for i, t in enumerate(tensors):
             if not isinstance(t, dict) or not isinstance(t.get("name"), str):
                 raise InputError(f"{path}: tensors[{i}] has no string `name`")
+            if not isinstance(t.get("file", ""), str) or not isinstance(t.get("shape", []), list):
+                raise InputError(f"{path}: tensors[{i}] ({t['name']}): `file` must be a string and `shape` a list")
             if t["name"] in self.entries:
                 raise InputError(f"{path}: tensor {t['name']} is listed twice")
             self.entries[t["name"]] = t
@@ -835,6 +837,11 @@ def main(argv=None):
         return 2
     except MemoryError:
         print("compare.py: out of memory while reading a tensor", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
+        # malformed input this tool did not anticipate: still a message, not a traceback
+        print(f"compare.py: cannot compare these dumps ({type(e).__name__}: {e})\n  hint: check both index.json "
+              f"files against docs/compare.md", file=sys.stderr)
         return 2
     report(c, args.verbose)
     if args.json:
