@@ -774,7 +774,7 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t
                       &s->rope_sin, &s->logits};
     size_t sizes[] = {B * H, B * H, B * C, B * nq * d, B * nkv * d, B * nkv * d, B * nkv * d / 2, B * nq * d,
                       B * H, B * R, B * R, B * R, B * (E + 1), B * (E + 1), B, B * H, B * 2 * I, B * H,
-                      B * max_in, (size_t)(c->cca_time1 + 1) * C, nq * d, nkv * d, (size_t)ctx, E + 1, d, d,
+                      B * max_in, (size_t)(c->cca_time1 + 1) * C, nq * d, nkv * d, nq * (size_t)ctx, E + 1, d, d,
                       (size_t)c->vocab_size};
     for (size_t k = 0; ok && k < sizeof sizes / sizeof sizes[0]; k++) ok = (*bufs[k] = calloc(sizes[k], sizeof(float))) != NULL;
     if (ok) ok = (s->expert = calloc(B, sizeof(int))) && (s->xq = calloc(B * max_in, sizeof(int16_t)));
@@ -946,24 +946,27 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
     const int first = c->layer_types[layer] == ZAYA_HYBRID_SLIDING && pos - c->sliding_window + 1 > 0
                           ? pos - c->sliding_window + 1 : 0;
     const float scale = 1.0f / sqrtf((float)d);    /* HF: scaling = head_dim ** -0.5 */
+    const int n_keys = pos - first + 1;
     for (int n = 0; n < nq; n++) {
         const float *q = q_all + (size_t)n * d;
         const int kvh = n / g;
+        float *p = s->att + (size_t)n * n_keys;        /* head n's probabilities over keys first..pos */
         for (int t = first; t <= pos; t++) {
             const float *k = ls->key_cache + ((size_t)(t % ls->cache_len) * nkv + kvh) * d;
             float dot = 0.0f;
             for (int i = 0; i < d; i++) dot += q[i] * k[i];
-            s->att[t - first] = dot * scale;
+            p[t - first] = dot * scale;
         }
-        softmax(s->att, pos - first + 1);
+        softmax(p, n_keys);
         float *o = out + (size_t)n * d;
         memset(o, 0, (size_t)d * sizeof(float));
         for (int t = first; t <= pos; t++) {
             const float *v = ls->value_cache + ((size_t)(t % ls->cache_len) * nkv + kvh) * d;
-            const float p = s->att[t - first];
-            for (int i = 0; i < d; i++) o[i] += p * v[i];
+            for (int i = 0; i < d; i++) o[i] += p[t - first] * v[i];
         }
     }
+    /* [nq, n_keys]: column j = key position first + j (HF's attn_weights row without the masked zeros) */
+    tap2(s, layer, pos, "self_attn:attn_weights", s->att, nq, n_keys);
 }
 
 /* 3.2-3.11: the attention half of layer `layer` for n tokens; updates the residual stream s->x. */
@@ -1321,6 +1324,7 @@ static void dump_tap(void *ctx, const ZayaTap *tap) {
     for (int i = 0; idx < 0 && i < d->n; i++) if (strcmp(d->t[i].name, name) == 0) idx = i;
     if (idx < 0) {
         if (d->has_filter && regexec(&d->filter, name, 0, NULL, 0) != 0) return;
+        if (!strcmp(tap->name, "self_attn:attn_weights")) return;   /* its width grows with the position: --trace only */
         if (d->n == d->cap) {
             d->cap = d->cap ? 2 * d->cap : 256;
             d->t = realloc(d->t, sizeof(DumpTensor) * (size_t)d->cap);

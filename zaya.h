@@ -119,7 +119,10 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
 void zaya_free(ZayaModel *m);
 
 /* Intermediate tensors ("taps"), named by HF module path (docs/compare.md): one call per tensor per
- * position with the row for this position. Within a prefill batch the calls come layer by layer. */
+ * position with the row for this position. Within a prefill batch the calls come layer by layer.
+ * One tap changes width with the position: "self_attn:attn_weights" [nq, n_keys], the attention
+ * probabilities over the keys first..pos (first = pos-sliding_window+1 on sliding layers, else 0);
+ * --trace prints it, --dump leaves it out. */
 typedef struct {
     const char *name;      /* e.g. "self_attn.o_proj" (layer prefix "model.layers.{i}." not included) */
     int layer;             /* -1 for model-level tensors */
@@ -172,7 +175,7 @@ typedef struct {
     /* scratch for one token */
     float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} [C, t1], then C floats of scratch */
     float *q_res, *k_res;     /* residual mix [nq*d], [nkv*d] */
-    float *att;               /* attention probabilities [ctx] */
+    float *att;               /* attention probabilities [nq, keys], keys <= ctx (tap self_attn:attn_weights) */
     float *router_scores;     /* probs + balancing biases [E+1] */
     float *rope_cos, *rope_sin;   /* [rot/2] */
     float *logits;            /* [V]: logits of the last token run */
