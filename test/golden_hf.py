@@ -45,6 +45,8 @@ def as_list(x):
 
 
 def flatten(x):
+    if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (list, tuple)):
+        return list(x)                       # a row of numbers (fast path for 262272-wide logits)
     if isinstance(x, (list, tuple)):
         out = []
         for v in x:
