@@ -4,8 +4,8 @@ CFLAGS  ?= -O3 -march=native
 WARN     = -std=c11 -Wall -Wextra -Werror -Wno-unknown-pragmas
 COMMIT  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DEFS     = -DZAYA_COMMIT=\"$(COMMIT)\"
-SRC      = zaya.c tokenizer.c
-HDR      = zaya.h tokenizer.h
+SRC      = zaya.c tokenizer.c trace.c
+HDR      = zaya.h tokenizer.h trace.h
 PYTHON  ?= python3
 FIXTURES ?= ../shared/fixtures
 CKPT    ?= $(FIXTURES)/public/checkpoint_native

@@ -1220,6 +1220,7 @@ void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void 
  * ------------------------------------------------------------------------------------------- */
 #ifndef ZAYA_NO_MAIN
 #include <regex.h>
+#include "trace.h"
 #include <time.h>
 
 #ifndef ZAYA_VERSION
@@ -1475,8 +1476,9 @@ static void usage(FILE *f) {
           "  --dump DIR         write every intermediate tensor (HF module paths) as .npy + index.json\n"
           "  --dump-filter RE   only tensors whose name matches the POSIX extended regex RE\n"
           "  --list-taps        print the names and shapes of all tensors --dump writes\n"
-          "  --trace POS        print every step of forward() at position POS (needs --ids or -i)\n"
-          "  --trace-layer N    limit --trace to layer N\n"
+          "  --trace POS        print every step of forward() at prompt position POS (needs --ids or -i;\n"
+          "                     -n 0 unless given; not with --dump; see trace.h)\n"
+          "  --trace-layer N    limit --trace to layer N (the model-level steps are still printed)\n"
           "Tokenizer:\n"
           "  --encode           read UTF-8 text from stdin, print HF tokenizer(text) ids\n"
           "  --decode IDS       print HF decode(ids, skip_special_tokens=False)\n"
@@ -1609,7 +1611,9 @@ static Options parse_args(int argc, char **argv) {
     }
     if (!o.model_path) { usage(stderr); die("no model file given\n  hint: zaya MODEL.bin -i \"prompt\" (export MODEL.bin with export_weights.py)"); }
     if (o.prompt && o.ids) die("give the prompt either as -i TEXT or as --ids, not both");
-    if (o.dump_dir && !o.steps_given) o.steps = 0;
+    if ((o.dump_dir || o.trace_pos >= 0) && !o.steps_given) o.steps = 0;
+    if (o.trace_pos >= 0 && o.dump_dir) die("--trace and --dump cannot be combined\n  hint: run twice; the values are identical");
+    if (o.trace_layer >= 0 && o.trace_pos < 0) die("--trace-layer needs --trace POS");
     return o;
 }
 
@@ -1916,9 +1920,16 @@ int main(int argc, char **argv) {
     if (o.list_taps) { list_taps(&m, &s); zaya_state_free(&s); zaya_free(&m); return 0; }
     int chat = !strcmp(o.mode, "chat");
     if (!prompt && !chat) die("no prompt\n  hint: give -i \"text\" or --ids 2,818,..., or use -m chat");
-    if (chat && (prompt || o.dump_dir)) die("-m chat reads the user's messages from standard input: give no -i, --ids or --dump");
+    if (chat && (prompt || o.dump_dir || o.trace_pos >= 0)) die("-m chat reads the user's messages from standard input: give no -i, --ids, --dump or --trace");
     if (n_prompt > ctx) die("the prompt has %d tokens but the context holds %d\n  hint: raise --ctx (max %d)", n_prompt, ctx, c->max_position);
 
+    ZayaTrace trace = {0};    /* --trace: a second tap consumer (trace.c) */
+    if (o.trace_pos >= 0) {
+        if (zaya_trace_init(&trace, &m, o.trace_pos, o.trace_layer, prompt, n_prompt, o.skip_expert, stdout, err, sizeof err) != 0)
+            die("%s", err);
+        s.tap = zaya_trace_tap;
+        s.tap_ctx = &trace;
+    }
     Dump dump = {0};
     if (o.dump_dir) {
         if (o.dump_filter) {
@@ -1958,6 +1969,7 @@ int main(int argc, char **argv) {
         free(dump.t);
         if (dump.has_filter) regfree(&dump.filter);
     }
+    zaya_trace_free(&trace);
     report_speed(&r, load_s);
     free(r.scratch);
     free(prompt);
