@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""test_walkthrough.py - docs/walkthrough.md cannot go stale.
+
+  - every generated block (<!-- trace: ... --> ... <!-- /trace -->) equals what ./zaya --trace prints
+    now on the public fixture (docs/make_walkthrough.py renders the document in memory; `make docs`
+    rewrites it);
+  - every step of architecture.md section 3 (3.1 .. 3.16, read from ../shared/docs/architecture.md when
+    it is there) and section 4 (decoding state) has a section `## 3.N` / `## 4.` with at least one
+    generated block;
+  - every C function the page names as `name()` exists in zaya.c or trace.c.
+"""
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs"))
+from harness import ROOT, BUILD, FIXTURES, check, finish, need_fixtures, prompt_ids, run  # noqa: E402
+import make_walkthrough  # noqa: E402
+
+DOC = os.path.join(ROOT, "docs", "walkthrough.md")
+
+
+def main():
+    native = need_fixtures("public", "checkpoint_native")
+    if not check(os.path.exists(DOC), "docs/walkthrough.md exists"):
+        finish()
+    with open(DOC, encoding="utf-8") as f:
+        doc = f.read()
+    rc, _, err = run(["make", "zaya"])
+    if not check(rc == 0, "make zaya", err[-300:]):
+        finish()
+    os.makedirs(BUILD, exist_ok=True)
+    blob = os.path.join(BUILD, "walkthrough.bin")
+    rc, _, err = run([sys.executable, "export_weights.py", native, blob])
+    if check(rc == 0, "export the public fixture", err[-300:]):
+        n_blocks = len(make_walkthrough.BLOCK.findall(doc))
+        try:
+            new = make_walkthrough.render(doc, blob, prompt_ids(), os.path.join(ROOT, "zaya"))
+        except Exception as e:       # a block whose command fails or whose filter matches nothing
+            check(False, f"the {n_blocks} generated blocks render", str(e)[:300])
+        else:
+            a, b = doc.splitlines(), new.splitlines()
+            i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            check(new == doc, f"the {n_blocks} generated blocks equal ./zaya --trace now (else: make docs)",
+                  f"line {i + 1}: document {a[i] if i < len(a) else '(end)'!r} vs program {b[i] if i < len(b) else '(end)'!r}")
+
+    # every step of the spec's section 3, and section 4, has a section with numbers
+    spec = os.path.join(FIXTURES, "..", "docs", "architecture.md")
+    steps = []
+    if os.path.exists(spec):
+        with open(spec, encoding="utf-8") as f:
+            steps = re.findall(r"^\*\*(3\.\d+) ", f.read(), re.M)
+    steps = steps or [f"3.{i}" for i in range(1, 17)]
+    sections = re.split(r"^## ", doc, flags=re.M)
+    missing, empty = [], []
+    for step in steps + ["4."]:
+        sec = next((s for s in sections if s.startswith(step + (" " if not step.endswith(".") else ""))), None)
+        if sec is None:
+            missing.append(step)
+        elif not make_walkthrough.BLOCK.search(sec):
+            empty.append(step)
+    check(not missing, f"every step of architecture.md §3 ({steps[0]}..{steps[-1]}) and §4 has a section", f"missing: {missing}")
+    check(not empty, "every such section shows numbers (a generated block)", f"without a block: {empty}")
+
+    # the C functions it names exist
+    src = ""
+    for name in ("zaya.c", "trace.c"):
+        with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+            src += f.read()
+    named = sorted(set(re.findall(r"`([a-z_][a-z0-9_]*)\(\)`", doc)))
+    gone = [n for n in named if not re.search(r"\b" + n + r"\(", src)]
+    check(named and not gone, f"the {len(named)} C functions the page names exist in zaya.c / trace.c", f"not found: {gone}")
+    finish()
+
+
+if __name__ == "__main__":
+    main()
