@@ -10,7 +10,7 @@ PYTHON  ?= python3
 FIXTURES ?= ../shared/fixtures
 CKPT    ?= $(FIXTURES)/public/checkpoint_native
 
-.PHONY: all omp debug test demo clean
+.PHONY: all omp debug test demo docs fuzz clean
 all: zaya
 
 # the reference build: single-threaded, no dependencies
@@ -39,6 +39,22 @@ demo: zaya
 	mkdir -p build
 	$(PYTHON) export_weights.py $(CKPT) build/demo.bin
 	./zaya build/demo.bin -i "The old lighthouse keeper climbed the spiral stairs" -n 32 -t 0.8 -s 42
+
+# regenerate the --trace blocks of docs/walkthrough.md from the public fixture (test_walkthrough checks them)
+docs: zaya
+	mkdir -p build
+	$(PYTHON) export_weights.py $(CKPT) build/walkthrough.bin > /dev/null
+	$(PYTHON) docs/make_walkthrough.py --blob build/walkthrough.bin --fixtures $(FIXTURES)
+
+# libFuzzer on model blobs for FUZZ_TIME seconds (needs clang; see test/fuzz/README.md for the other targets)
+FUZZ_TIME ?= 600
+fuzz:
+	mkdir -p build
+	clang -g -O1 -march=native -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 \
+	    -DZAYA_NO_MAIN -I. test/fuzz/fuzz_blob.c zaya.c tokenizer.c -lm -o build/fuzz_blob
+	$(PYTHON) test/fuzz/make_seeds.py build/fuzz_blob_corpus
+	cd build && ./fuzz_blob fuzz_blob_corpus -max_len=32768 -timeout=10 -rss_limit_mb=2048 \
+	    -max_total_time=$(FUZZ_TIME) -artifact_prefix=fuzz_blob_crashes/
 
 clean:
 	rm -rf zaya zaya_omp zaya_debug build

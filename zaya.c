@@ -107,12 +107,13 @@ static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int grou
     int16_t q[4096];                       /* one group in natural order (group <= 4096) */
     for (int g = 0; g < n / group; g++) {
         const float *xg = x + (size_t)g * group;
-        float amax = 0.0f;
-        for (int i = 0; i < group; i++) amax = fmaxf(amax, fabsf(xg[i]));
+        float amax = 0.0f, probe = 0.0f;   /* probe becomes NaN if any value is NaN or infinite */
+        for (int i = 0; i < group; i++) { amax = fmaxf(amax, fabsf(xg[i])); probe += xg[i] * 0.0f; }
+        const int finite = probe == 0.0f;  /* else (only from a corrupt blob) the group's sums are NaN */
         const float s = amax / 32767.0f, inv = s > 0.0f ? 32767.0f / amax : 0.0f;
-        xs[g] = s;
+        xs[g] = finite ? s : NAN;
         for (int i = 0; i < group; i++) {  /* round half away from zero; |x * inv| <= 32767 */
-            float v = xg[i] * inv;
+            float v = finite ? xg[i] * inv : 0.0f;
             q[i] = (int16_t)(v + (v < 0.0f ? -0.5f : 0.5f));
         }
         for (int i = 0; i < group; i++) xq[zaya_q8_position(g * group + i, n, group)] = q[i];

@@ -25,6 +25,10 @@ TESTS = [
     ("dims", [sys.executable, "test/test_dims.py"]),
     ("compare", [sys.executable, "test/test_compare.py"]),
     ("golden_hf", [sys.executable, "test/test_golden_hf.py"]),
+    ("trace", [sys.executable, "test/test_trace.py"]),
+    ("walkthrough", [sys.executable, "test/test_walkthrough.py"]),
+    ("bad_input", [sys.executable, "test/test_bad_input.py"]),
+    ("fuzz", [sys.executable, "test/test_fuzz.py"]),
 ]
 
 

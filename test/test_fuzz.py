@@ -22,7 +22,7 @@ from harness import BUILD, ROOT, check, finish, need_fixtures
 FUZZ = os.path.join(ROOT, "test", "fuzz")
 REG = os.path.join(FUZZ, "regressions")
 os.makedirs(BUILD, exist_ok=True)
-SAN = ["-g", "-O1", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-std=c11",
+SAN = ["-g", "-O1", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fsanitize=float-cast-overflow", "-fno-sanitize-recover=all", "-std=c11",
        "-DZAYA_NO_MAIN", "-I."]
 ENV = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0", UBSAN_OPTIONS="print_stacktrace=1")
 cc = os.environ.get("CC", "cc")
