@@ -11,6 +11,7 @@ any thread count gives the same logits; the sanitizer build runs clean.
 """
 import os
 import shutil
+import struct
 
 from harness import BUILD, check, finish, need_fixtures, prompt_ids, read_npy, rel_l2, run
 
@@ -96,6 +97,52 @@ for mode, golden in (("zero", "golden"), ("passthrough", "golden_zyphra")):
     want = list(read_npy(os.path.join(PUBLIC, golden, "greedy_tokens.npy"))[1])
     check(got == want, f"greedy 16 tokens equal {golden}/greedy_tokens.npy (--skip-expert {mode})",
           f"got {got}, want {want}; {err.strip()[-300:]}")
+
+# compare.py end to end: our dumps against the official tensors (adapted by fixture_to_dump.py) agree;
+# a dump with one wrong conv value, or with the other skip-expert semantics, is named at the right place
+def compare(test_dir, ref_dir):
+    rc, out, err = run(["python3", "compare.py", test_dir, ref_dir])
+    first = next((ln for ln in out.splitlines() if ln.startswith("FIRST DIVERGENCE")), "")
+    return rc, out + err, first
+
+
+refs = {}
+for golden in ("golden", "golden_zyphra"):
+    refs[golden] = os.path.join(BUILD, f"ref_{golden}")
+    rc, _, err = run(["python3", "test/fixture_to_dump.py", os.path.join(PUBLIC, golden), refs[golden]])
+    check(rc == 0, f"fixture_to_dump.py {golden}", err.strip()[-300:])
+for d, golden in ((d_up, "golden"), (d_zf, "golden_zyphra")):
+    rc, out, first = compare(d, refs[golden])
+    check(rc == 0 and "RESULT: AGREE" in out, f"compare.py: our dump {os.path.basename(d)} agrees with {golden}",
+          f"exit {rc}: {first or out[-400:]}")
+
+(T, C), conv = read_npy(os.path.join(d_up, "model.layers.0.self_attn.qkv_proj.conv_qk_depthwise.npy"))
+L = read_npy(os.path.join(PUBLIC, "golden", "hidden_states.npy"))[0][0]
+layer, pos, chan = L // 2, T // 2, C // 3
+d_bad = os.path.join(BUILD, "native_zero_one_bad_conv")
+shutil.rmtree(d_bad, ignore_errors=True)
+shutil.copytree(d_up, d_bad)
+name = f"model.layers.{layer}.self_attn.qkv_proj.conv_qk_depthwise"
+with open(os.path.join(d_bad, name + ".npy"), "r+b") as f:
+    head = f.read(10)
+    at = 10 + int.from_bytes(head[8:10], "little") + 4 * (pos * C + chan)
+    f.seek(at)
+    v = struct.unpack("<f", f.read(4))[0]
+    f.seek(at)
+    f.write(struct.pack("<f", v + 0.5 + 0.5 * abs(v)))
+rc, out, first = compare(d_bad, refs["golden"])
+check(rc == 1 and first == f"FIRST DIVERGENCE: {name} at position {pos}",
+      "compare.py names one wrong conv value (layer L/2, position T/2) as the first divergence", f"exit {rc}: {first!r}")
+
+(_, E1), _ = read_npy(os.path.join(d_up, "model.layers.0.mlp.gate.router_mlp.npy"))
+_, raw = read_npy(os.path.join(PUBLIC, "golden", "router_indices.npy"))
+skips = sorted((t, l) for l in range(L) for t in range(T) if raw[l * T + t] == E1 - 1)
+d_pass = dump(native, "native_passthrough", "--skip-expert", "passthrough")
+rc, out, first = compare(d_pass, refs["golden"])
+want = f"FIRST DIVERGENCE: model.layers.{skips[0][1]}.mlp.experts at position {skips[0][0]}" if skips else ""
+check(skips and rc == 1 and first == want and "different skip_expert modes" in out,
+      "compare.py names the first skip-expert token when the skip semantics are switched",
+      f"exit {rc}: {first!r}, want {want!r}")
 
 # the sanitizer build (portable C kernels, no -march=native): no ASan/UBSan report, and the same
 # operations in the same order as the SIMD kernels, so the same bits
