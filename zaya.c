@@ -104,19 +104,28 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
  * xq = round(x / xs), stored in the weights' interleaved order (zaya_q8_position). Their rounding error (~1e-5 relative) is far below the weights' int8 error,
  * so routing stays as with float32 activations, while the dot product is exact integer work. */
 static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int group) {
-    int16_t q[4096];                       /* one group in natural order (group <= 4096) */
+    const int block = 8 * group, nb = group % 2 ? 0 : n / block;   /* as in zaya_q8_position */
     for (int g = 0; g < n / group; g++) {
         const float *xg = x + (size_t)g * group;
-        float amax = 0.0f, probe = 0.0f;   /* probe becomes NaN if any value is NaN or infinite */
-        for (int i = 0; i < group; i++) { amax = fmaxf(amax, fabsf(xg[i])); probe += xg[i] * 0.0f; }
-        const int finite = probe == 0.0f;  /* else (only from a corrupt blob) the group's sums are NaN */
-        const float s = amax / 32767.0f, inv = s > 0.0f ? 32767.0f / amax : 0.0f;
-        xs[g] = finite ? s : NAN;
+        uint32_t amax_bits = 0;            /* max |x| as bits: orders like the floats, and NaN > inf > finite */
+        for (int i = 0; i < group; i++) {
+            uint32_t b;
+            memcpy(&b, xg + i, 4);
+            b &= 0x7fffffffu;
+            amax_bits = b > amax_bits ? b : amax_bits;
+        }
+        float amax;
+        memcpy(&amax, &amax_bits, 4);
+        const int finite = amax_bits < 0x7f800000u;   /* else (only from a corrupt blob) the group's sums are NaN */
+        const float s = finite ? amax / 32767.0f : NAN, inv = finite && s > 0.0f ? 32767.0f / amax : 0.0f;
+        xs[g] = s;
+        /* value j of the group goes to xq[dst + j * step] for even j, +1 for odd (zaya_q8_position) */
+        const size_t dst = g < nb * 8 ? (size_t)(g / 8) * block + 2 * (g % 8) : (size_t)g * group;
+        const int step = g < nb * 8 ? 8 : 1;
         for (int i = 0; i < group; i++) {  /* round half away from zero; |x * inv| <= 32767 */
             float v = finite ? xg[i] * inv : 0.0f;
-            q[i] = (int16_t)(v + (v < 0.0f ? -0.5f : 0.5f));
+            xq[dst + (size_t)(i & ~1) * step + (i & 1)] = (int16_t)(v + (v < 0.0f ? -0.5f : 0.5f));
         }
-        for (int i = 0; i < group; i++) xq[zaya_q8_position(g * group + i, n, group)] = q[i];
     }
 }
 
