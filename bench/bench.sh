@@ -142,7 +142,7 @@ for DT in $DTYPES; do
         note "export: $EXP_WALL, peak RSS $EXP_RSS"
     fi
     [ -s "$BLOB" ] || die "blob $BLOB is missing or empty"
-    BLOB_GB="$(awk '{ printf "%.2f", $1 / 1e9 }' <<<"$(stat -c %s "$BLOB")")"
+    BLOB_GB="$(awk '{ printf "%.2f", $1 / 1e9 }' <<<"$(stat -L -c %s "$BLOB")")"
 
     # (d) bytes per decoded token, from the blob's tensor directory
     BPT_LINE="$("$PYTHON" "$REPO/bench/bytes_per_token.py" "$BLOB" -v 2>"$OUT/bytes-$DT.md")" \

@@ -29,19 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 import compare  # noqa: E402
-
-FIXTURES = os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "..", "shared", "fixtures"))
-failures = 0
-
-
-def check(ok, name, detail=""):
-    global failures
-    if ok:
-        print(f"PASS {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL {name}: {detail}", flush=True)
-    return ok
+from harness import FIXTURES, check, finish  # noqa: E402
 
 
 def run(*args):
@@ -308,4 +296,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    sys.exit(1 if failures else 0)
+    finish()

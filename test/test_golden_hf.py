@@ -26,17 +26,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 import compare  # noqa: E402
 import golden_hf  # noqa: E402
-
-failures = 0
-
-
-def check(ok, name, detail=""):
-    global failures
-    if ok:
-        print(f"PASS {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL {name}: {detail}", flush=True)
+from harness import check, finish  # noqa: E402
 
 
 # stub dimensions: deliberately unlike the fixture (head_dim != hidden / heads, 3 query heads per KV head)
@@ -298,4 +288,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    sys.exit(1 if failures else 0)
+    finish()

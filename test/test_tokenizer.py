@@ -28,16 +28,8 @@ sys.path.insert(0, ROOT)
 FIXTURES = os.environ.get("ZAYA_FIXTURES") or os.path.join(ROOT, "..", "shared", "fixtures")
 TOK = os.path.join(FIXTURES, "tokenizer")
 BUILD = os.path.join(ROOT, "build")
-failed = 0
-
-
-def report(ok, name, detail=""):
-    global failed
-    if ok:
-        print(f"PASS {name}", flush=True)
-    else:
-        failed += 1
-        print(f"FAIL {name}: {detail}", flush=True)
+import harness  # noqa: E402
+from harness import check as report  # noqa: E402
 
 
 def export_errors(model_dir):
@@ -391,8 +383,8 @@ def main():
             run_test(out, exe, run_args)
         if mini and "asan" not in exe:
             chat_formats(out, model_dir)
-    print(f"tokenizer tests: {'FAILED' if failed else 'all passed'}")
-    return 1 if failed else 0
+    print(f"tokenizer tests: {'FAILED' if harness.failures else 'all passed'}")
+    return 1 if harness.failures else 0
 
 
 def chat_formats(exe, model_dir):
@@ -446,23 +438,21 @@ def chat_formats(exe, model_dir):
 
 
 def run_test(out, exe, run_args):
-    global failed
-    if True:
-        print(f"== {os.path.relpath(out, ROOT)} {' '.join(os.path.relpath(a, ROOT) if os.sep in a else a for a in run_args)}",
-              flush=True)
-        p = subprocess.run([out] + run_args, cwd=ROOT, capture_output=True, text=True, errors="replace")
-        for line in p.stdout.splitlines():
-            if line.startswith("PASS "):
-                line = line.replace("PASS tokenizer", f"PASS {'asan ' if 'asan' in exe else ''}tokenizer", 1)
-            elif line.startswith("FAIL "):
-                line = line.replace("FAIL tokenizer", f"FAIL {'asan ' if 'asan' in exe else ''}tokenizer", 1)
-            print(line)
-        n_fail = sum(line.startswith("FAIL ") for line in p.stdout.splitlines())
-        failed += n_fail
-        if p.returncode and not n_fail:
-            report(False, f"{exe} exited with status {p.returncode}", p.stderr[-3000:])
-        elif p.returncode == 0 and p.stderr.strip():
-            print(p.stderr[-2000:])
+    print(f"== {os.path.relpath(out, ROOT)} {' '.join(os.path.relpath(a, ROOT) if os.sep in a else a for a in run_args)}",
+          flush=True)
+    p = subprocess.run([out] + run_args, cwd=ROOT, capture_output=True, text=True, errors="replace")
+    for line in p.stdout.splitlines():
+        if line.startswith("PASS "):
+            line = line.replace("PASS tokenizer", f"PASS {'asan ' if 'asan' in exe else ''}tokenizer", 1)
+        elif line.startswith("FAIL "):
+            line = line.replace("FAIL tokenizer", f"FAIL {'asan ' if 'asan' in exe else ''}tokenizer", 1)
+        print(line)
+    n_fail = sum(line.startswith("FAIL ") for line in p.stdout.splitlines())
+    harness.failures += n_fail
+    if p.returncode and not n_fail:
+        report(False, f"{exe} exited with status {p.returncode}", p.stderr[-3000:])
+    elif p.returncode == 0 and p.stderr.strip():
+        print(p.stderr[-2000:])
 
 
 if __name__ == "__main__":
