@@ -961,15 +961,14 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
                           ? pos - c->sliding_window + 1 : 0;
     const float scale = 1.0f / sqrtf((float)d);    /* HF: scaling = head_dim ** -0.5 */
     const int n_keys = pos - first + 1;
+#pragma omp parallel for schedule(static) if ((size_t)nq * n_keys * d >= 65536)   /* heads are independent */
     for (int n = 0; n < nq; n++) {
         const float *q = q_all + (size_t)n * d;
         const int kvh = n / g;
         float *p = s->att + (size_t)n * n_keys;        /* head n's probabilities over keys first..pos */
         for (int t = first; t <= pos; t++) {
             const float *k = ls->key_cache + ((size_t)(t % ls->cache_len) * nkv + kvh) * d;
-            float dot = 0.0f;
-            for (int i = 0; i < d; i++) dot += q[i] * k[i];
-            p[t - first] = dot * scale;
+            p[t - first] = dot_f32(q, k, d) * scale;
         }
         softmax(p, n_keys);
         float *o = out + (size_t)n * d;
