@@ -117,7 +117,8 @@ static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int grou
         float amax;
         memcpy(&amax, &amax_bits, 4);
         const int finite = amax_bits < 0x7f800000u;   /* else (only from a corrupt blob) the group's sums are NaN */
-        const float s = finite ? amax / 32767.0f : NAN, inv = finite && s > 0.0f ? 32767.0f / amax : 0.0f;
+        const int zero = amax < 1e-30f;   /* a group this small counts as zero (and 32767 / amax could overflow) */
+        const float s = !finite ? NAN : zero ? 0.0f : amax / 32767.0f, inv = finite && !zero ? 32767.0f / amax : 0.0f;
         xs[g] = s;
         /* value j of the group goes to xq[dst + j * step] for even j, +1 for odd (zaya_q8_position) */
         const size_t dst = g < nb * 8 ? (size_t)(g / 8) * block + 2 * (g % 8) : (size_t)g * group;
