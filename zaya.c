@@ -116,11 +116,12 @@ static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int grou
         }
         float amax;
         memcpy(&amax, &amax_bits, 4);
-        const int finite = amax_bits < 0x7f800000u;   /* else (only from a corrupt blob) the group's sums are NaN */
-        const int zero = amax < 1e-30f;   /* a group this small counts as zero (and 32767 / amax could overflow) */
-        const float s = !finite ? NAN : zero ? 0.0f : amax / 32767.0f, inv = finite && !zero ? 32767.0f / amax : 0.0f;
-        xs[g] = s;
-        /* value j of the group goes to xq[dst + j * step] for even j, +1 for odd (zaya_q8_position) */
+        const int finite = amax_bits < 0x7f800000u;
+        float inv = 0.0f;
+        if (!finite) xs[g] = NAN;          /* NaN or inf (only from a corrupt blob): the group's sums are NaN */
+        else if (amax < 1e-30f) xs[g] = 0.0f;   /* counts as zero (and 32767 / amax could overflow) */
+        else { xs[g] = amax / 32767.0f; inv = 32767.0f / amax; }
+        /* value i of the group goes to xq[dst + (i & ~1) * step + (i & 1)], as zaya_q8_position says */
         const size_t dst = g < nb * 8 ? (size_t)(g / 8) * block + 2 * (g % 8) : (size_t)g * group;
         const int step = g < nb * 8 ? 8 : 1;
         for (int i = 0; i < group; i++) {  /* round half away from zero; |x * inv| <= 32767 */
