@@ -259,6 +259,7 @@ static void matmul(float *y, int ys, const ZayaMatrix *w, const float *x, int xs
                    int16_t *xq, float *xqs) {
     const int rows = w->rows, cols = w->cols, G = w->group_size;
     if (w->dtype == ZAYA_Q8)
+#pragma omp parallel for schedule(static) if (n > 1)   /* prefill: the tokens' activations in parallel */
         for (int t = 0; t < n; t++)
             quantize_q16(xq + (size_t)t * cols, xqs + (size_t)t * (cols / G), x + (size_t)t * xs, cols, G);
 #pragma omp parallel for schedule(static) if ((size_t)rows * cols * n >= 65536)

@@ -73,12 +73,20 @@ shutil.rmtree(d_dbg, ignore_errors=True)
 rc, _, err = run(["./zaya_debug", q8_blob, "--ids", IDS, "--dump", d_dbg, "--dump-filter", "^logits$"])
 same = rc == 0 and read_npy(os.path.join(d_dbg, "logits.npy"))[1] == a
 check(same, "int8: portable C kernels (sanitizer build) give the SIMD kernels' logits bit for bit", err[-300:])
-# prefill shares each int8 weight load between up to 4 tokens: same bits as token by token
+# prefill shares each int8 weight load between up to 8 tokens: same bits as token by token
 d_b1 = os.path.join(BUILD, "int8test_batch1")
 shutil.rmtree(d_b1, ignore_errors=True)
 rc, _, err = run(["./zaya", q8_blob, "--ids", IDS, "--dump", d_b1, "--dump-filter", "^logits$", "--batch", "1"])
 check(rc == 0 and read_npy(os.path.join(d_b1, "logits.npy"))[1] == a,
       "int8: batched prefill gives token-by-token logits bit for bit", err[-300:])
+# two OpenMP threads (rows, heads and the activations of a batch split between them): the same bits
+d_t2 = os.path.join(BUILD, "int8test_threads2")
+shutil.rmtree(d_t2, ignore_errors=True)
+rc, _, err = run(["./zaya_omp", q8_blob, "--ids", IDS, "--dump", d_t2, "--dump-filter", "^logits$", "--threads", "2"])
+check(rc == 0 and read_npy(os.path.join(d_t2, "logits.npy"))[1] == a,
+      "int8: the OpenMP build on 2 threads gives the 1-thread logits bit for bit", err[-300:])
+
+
 def weight_bytes(blob):     # the file without its tokenizer section (header offset 64: its size)
     import struct
     with open(blob, "rb") as f:
