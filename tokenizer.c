@@ -72,6 +72,10 @@ static uint32_t adler32(const unsigned char *p, size_t n) {
     return b << 16 | a;
 }
 
+uint32_t zaya_tok_checksum(const void *section, size_t size) {
+    return adler32((const unsigned char *)section + 32, size - 32);
+}
+
 static uint32_t tok_flags(const ZayaTokenizer *t, int id) { return t->tokens[4 * (size_t)id + 3] & 0xFF; }
 
 static int has_token(const ZayaTokenizer *t, int id) {
@@ -179,7 +183,7 @@ int zaya_tok_load(ZayaTokenizer *t, const void *section, size_t size, char *err,
     if (total != size)
         return fail(err, errlen, "tokenizer section: size mismatch (truncated or padded)\n  expected: %llu bytes "
                     "(from its header)\n  found: %zu", (unsigned long long)total, size);
-    uint32_t sum = adler32(p + 32, size - 32);
+    uint32_t sum = zaya_tok_checksum(p, size);
     if (sum != rd32(p + 24))
         return fail(err, errlen, "tokenizer section: checksum mismatch (corrupted)\n  expected: Adler-32 %08x\n"
                     "  found: %08x", rd32(p + 24), sum);

@@ -83,6 +83,10 @@ struct ZayaTokenizer {
  * Returns 0, or -1 with a message in err (what, where, expected vs found, hint). */
 int zaya_tok_load(ZayaTokenizer *t, const void *section, size_t size, char *err, size_t errlen);
 
+/* The checksum a section's header holds at byte 24: zlib's Adler-32 of bytes 32..size-1 (size >= 32).
+ * What zaya_tok_load verifies; tools that edit a section (the fuzzer, test_tokenizer.c) re-seal it with this. */
+uint32_t zaya_tok_checksum(const void *section, size_t size);
+
 /* Releases what zaya_tok_load allocated (nothing today; the section is not owned). */
 void zaya_tok_free(ZayaTokenizer *t);
 

@@ -186,7 +186,7 @@ static void layer_header(ZayaTrace *t, int layer) {
 
 /* "u[t-1] = pos 29" or "u[t-1] = zero pad" for the k-th input of a causal conv of kernel `kernel` */
 static void window_item(char *out, size_t n, const char *sym, int pos, int back) {
-    if (back) snprintf(out, n, "%s[t-%d] = %s", sym, back, "");
+    if (back) snprintf(out, n, "%s[t-%d] = ", sym, back);
     else snprintf(out, n, "%s[t] = ", sym);
     size_t len = strlen(out);
     if (pos - back >= 0) snprintf(out + len, n - len, "pos %d", pos - back);

@@ -847,7 +847,7 @@ void zaya_state_free(ZayaState *s) {
 /* Reports an intermediate tensor to the tap callback, if any (--dump, --trace). */
 static void tap2(ZayaState *s, int layer, int pos, const char *name, const float *data, int d0, int d1) {
     if (!s->tap) return;
-    ZayaTap t = {name, layer, pos, 0, d1 ? 2 : 1, {d0, d1}, data};
+    ZayaTap t = {name, layer, pos, 0, d1 ? 2 : 1, {d0, d1}, data, 0};
     s->tap(s->tap_ctx, &t);
 }
 #define TAP(layer, pos, name, data, n) tap2(s, layer, pos, name, data, n, 0)
@@ -981,8 +981,10 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
             for (int i = 0; i < d; i++) o[i] += p[t - first] * v[i];
         }
     }
-    /* [nq, n_keys]: column j = key position first + j (HF's attn_weights row without the masked zeros) */
-    tap2(s, layer, pos, "self_attn:attn_weights", s->att, nq, n_keys);
+    if (s->tap) {   /* [nq, n_keys]: column j = key position first + j (HF's attn_weights row without the masked zeros) */
+        ZayaTap t = {"self_attn:attn_weights", layer, pos, 0, 2, {nq, n_keys}, s->att, 1};
+        s->tap(s->tap_ctx, &t);
+    }
 }
 
 /* 3.2-3.11: the attention half of layer `layer` for n tokens; updates the residual stream s->x. */
@@ -1093,7 +1095,7 @@ static void router(const ZayaModel *m, ZayaState *s, int layer, int n) {
         }
         TAP(layer, pos, "mlp.gate:router_scores", s->router_scores, E + 1);
         if (s->tap) {
-            ZayaTap tp = {"mlp.gate.router_indices", layer, pos, 1, 0, {0, 0}, &best};
+            ZayaTap tp = {"mlp.gate.router_indices", layer, pos, 1, 0, {0, 0}, &best, 0};
             s->tap(s->tap_ctx, &tp);
         }
         s->expert[t] = best;
@@ -1145,7 +1147,7 @@ static void moe_block(const ZayaModel *m, ZayaState *s, int layer, int n) {
             }
         }
         if (s->tap) {
-            ZayaTap tw = {"mlp.gate:router_weight", layer, s->pos + t, 0, 0, {0, 0}, &s->expert_weight[t]};
+            ZayaTap tw = {"mlp.gate:router_weight", layer, s->pos + t, 0, 0, {0, 0}, &s->expert_weight[t], 0};
             s->tap(s->tap_ctx, &tw);
         }
         TAP(layer, s->pos + t, "mlp.experts", y, H);
@@ -1208,8 +1210,8 @@ void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void 
     const int d = c->head_dim, nkv = c->num_kv_heads, C = (c->num_heads + nkv) * d, K = conv_state_len(c);
     for (int i = 0; i < c->num_layers; i++) {
         const ZayaLayerState *ls = &s->layers[i];
-        ZayaTap conv = {"self_attn.qkv_proj:conv_state", i, -1, 0, 2, {K, C}, ls->conv_state};
-        ZayaTap dv = {"self_attn.qkv_proj:delayed_value_state", i, -1, 0, 1, {nkv * d / 2, 0}, ls->delayed_value};
+        ZayaTap conv = {"self_attn.qkv_proj:conv_state", i, -1, 0, 2, {K, C}, ls->conv_state, 0};
+        ZayaTap dv = {"self_attn.qkv_proj:delayed_value_state", i, -1, 0, 1, {nkv * d / 2, 0}, ls->delayed_value, 0};
         if (K > 0) fn(ctx, &conv);
         fn(ctx, &dv);
         /* the KV cache in position order (a sliding layer's ring buffer is unrolled) */
@@ -1221,8 +1223,8 @@ void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void 
                 memcpy(kc + (size_t)r * nkv * d, ls->key_cache + (size_t)(p % ls->cache_len) * nkv * d, sizeof(float) * (size_t)nkv * d);
                 memcpy(vc + (size_t)r * nkv * d, ls->value_cache + (size_t)(p % ls->cache_len) * nkv * d, sizeof(float) * (size_t)nkv * d);
             }
-            ZayaTap kt = {"self_attn:key_cache", i, -1, 0, 2, {n, nkv * d}, kc};
-            ZayaTap vt = {"self_attn:value_cache", i, -1, 0, 2, {n, nkv * d}, vc};
+            ZayaTap kt = {"self_attn:key_cache", i, -1, 0, 2, {n, nkv * d}, kc, 0};
+            ZayaTap vt = {"self_attn:value_cache", i, -1, 0, 2, {n, nkv * d}, vc, 0};
             fn(ctx, &kt);
             fn(ctx, &vt);
         }
@@ -1333,6 +1335,7 @@ static void full_name(char *out, size_t n, const ZayaTap *tap) {
 
 static void dump_tap(void *ctx, const ZayaTap *tap) {
     Dump *d = ctx;
+    if (tap->ragged) return;   /* not a [T, ...] array: --trace shows it */
     char name[160];
     full_name(name, sizeof name, tap);
     /* taps arrive in the same order at every position: try the next expected entry first */
@@ -1341,7 +1344,6 @@ static void dump_tap(void *ctx, const ZayaTap *tap) {
     for (int i = 0; idx < 0 && i < d->n; i++) if (strcmp(d->t[i].name, name) == 0) idx = i;
     if (idx < 0) {
         if (d->has_filter && regexec(&d->filter, name, 0, NULL, 0) != 0) return;
-        if (!strcmp(tap->name, "self_attn:attn_weights")) return;   /* its width grows with the position: --trace only */
         if (d->n == d->cap) {
             d->cap = d->cap ? 2 * d->cap : 256;
             d->t = realloc(d->t, sizeof(DumpTensor) * (size_t)d->cap);
@@ -1712,6 +1714,19 @@ static void flush_text(void) {
     fflush(stdout);
 }
 
+/* Generates up to `steps` tokens and prints them: ids with --print-ids (or without a tokenizer),
+ * else streamed text. */
+static void generate_and_print(Runner *r, int steps, int *last) {
+    if (r->o->print_ids || !r->m->tokenizer) {
+        generate(r, steps, emit_id, last);
+        return;
+    }
+    zaya_tok_stream_init(&text_stream, r->m->tokenizer, 0);
+    generate(r, steps, emit_text, last);
+    flush_text();
+    zaya_tok_stream_free(&text_stream);
+}
+
 static const ZayaTokenizer *need_tokenizer(const ZayaModel *m, const char *what) {
     if (!m->tokenizer)
         die("%s needs the tokenizer, but this blob has none\n  hint: re-export it with export_weights.py from a folder with tokenizer.json", what);
@@ -1769,6 +1784,11 @@ static void feed_text(Runner *r, const char *text) {
     free(ids);
 }
 
+/* Drops the line ending ("\n" or "\r\n") that getline() keeps. */
+static void chomp(char *line, ssize_t *len) {
+    while (*len > 0 && (line[*len - 1] == '\n' || line[*len - 1] == '\r')) line[--*len] = 0;
+}
+
 /* Closes an assistant turn as the template does (turn_end, e.g. "<|im_end|>\n"). */
 static void close_assistant_turn(Runner *r) {
     ZayaTokStr end = r->m->tokenizer->chat.turn_end;
@@ -1799,7 +1819,7 @@ static void run_chat(Runner *r) {
             if ((len = getline(&line, &cap, stdin)) < 0) break;
         }
         have_line = 0;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        chomp(line, &len);
         char *text;
         if (turn == 0) {   /* <bos>, the system prompt, the first user turn, the generation prompt */
             ZayaChatMessage msgs[2] = {{"system", r->o->system_prompt}, {"user", line}};
@@ -1819,7 +1839,7 @@ static void run_chat(Runner *r) {
 
         if (!interactive && (len = getline(&line, &cap, stdin)) >= 0) {
             if (!strncmp(line, replay, strlen(replay))) {   /* a given reply: feed it, do not generate */
-                while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+                chomp(line, &len);
                 feed_text(r, line + strlen(replay));
                 close_assistant_turn(r);
                 continue;
@@ -1828,10 +1848,7 @@ static void run_chat(Runner *r) {
         }
         if (interactive) fputs("assistant> ", stderr);
         int last = -1;
-        zaya_tok_stream_init(&text_stream, tok, 0);
-        generate(r, r->o->steps, r->o->print_ids ? emit_id : emit_text, &last);
-        if (!r->o->print_ids) flush_text();
-        zaya_tok_stream_free(&text_stream);
+        generate_and_print(r, r->o->steps, &last);
         printf("\n");
         fflush(stdout);
         /* the last sampled token was not fed; a stop token is replaced by the template's turn end */
@@ -1840,7 +1857,6 @@ static void run_chat(Runner *r) {
             run_prompt(r, &last, 1);
         }
         close_assistant_turn(r);
-        if (have_line && !strncmp(line, replay, strlen(replay))) have_line = 0;
     }
     free(line);
 }
@@ -1967,13 +1983,7 @@ int main(int argc, char **argv) {
         int last = -1;
         if (o.steps > 0) {
             s.tap = NULL;   /* dumps cover the prompt positions only */
-            if (o.print_ids || !m.tokenizer) generate(&r, o.steps, emit_id, &last);
-            else {
-                zaya_tok_stream_init(&text_stream, m.tokenizer, 0);
-                generate(&r, o.steps, emit_text, &last);
-                flush_text();
-                zaya_tok_stream_free(&text_stream);
-            }
+            generate_and_print(&r, o.steps, &last);
             printf("\n");
             fflush(stdout);   /* before the speed report on stderr */
         }

@@ -120,9 +120,9 @@ void zaya_free(ZayaModel *m);
 
 /* Intermediate tensors ("taps"), named by HF module path (docs/compare.md): one call per tensor per
  * position with the row for this position. Within a prefill batch the calls come layer by layer.
- * One tap changes width with the position: "self_attn:attn_weights" [nq, n_keys], the attention
- * probabilities over the keys first..pos (first = pos-sliding_window+1 on sliding layers, else 0);
- * --trace prints it, --dump leaves it out. */
+ * One tap is ragged (its width changes with the position): "self_attn:attn_weights" [nq, n_keys], the
+ * attention probabilities over the keys first..pos (first = pos-sliding_window+1 on sliding layers,
+ * else 0); --trace prints it, --dump leaves ragged taps out (they are not [T, ...] arrays). */
 typedef struct {
     const char *name;      /* e.g. "self_attn.o_proj" (layer prefix "model.layers.{i}." not included) */
     int layer;             /* -1 for model-level tensors */
@@ -131,6 +131,7 @@ typedef struct {
     int ndim;              /* of one row: 0 (scalar), 1 or 2 */
     int shape[2];
     const void *data;
+    int ragged;            /* 1: shape[1] depends on the position */
 } ZayaTap;
 typedef void (*ZayaTapFn)(void *ctx, const ZayaTap *tap);
 

@@ -1,13 +1,12 @@
 """Small shared pieces of the Python tests: PASS/FAIL lines, running programs, reading .npy files."""
-import array
-import ast
 import math
 import os
-import struct
 import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from compare import read_npy  # noqa: E402,F401  (shape, flat array.array) of a .npy file, C order
 FIXTURES = os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "..", "shared", "fixtures"))
 BUILD = os.path.join(ROOT, "build", "test")
 failures = 0
@@ -41,19 +40,6 @@ def run(cmd, input=b"", **kw):
     """Runs cmd in the repo root with `input` (bytes) on stdin; returns (returncode, stdout, stderr) as text."""
     p = subprocess.run(cmd, cwd=ROOT, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-
-
-def read_npy(path):
-    """(shape, flat array.array of 'f' or 'i') of a NumPy 1.0 little-endian file."""
-    with open(path, "rb") as f:
-        b = f.read()
-    if b[:6] != b"\x93NUMPY":
-        raise ValueError(f"{path} is not a .npy file")
-    n = struct.unpack("<H", b[8:10])[0]
-    h = ast.literal_eval(b[10:10 + n].decode("latin1"))
-    a = array.array({"<f4": "f", "<i4": "i"}[h["descr"]])
-    a.frombytes(b[10 + n:])
-    return tuple(h["shape"]), a
 
 
 def rel_l2(a, b):

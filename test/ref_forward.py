@@ -29,6 +29,9 @@ import struct
 import sys
 from operator import mul
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import compare  # noqa: E402  (the dump format's .npy writer)
+
 FLT_EPS = 2.0 ** -23
 
 
@@ -515,17 +518,8 @@ def flatten(x):
 
 
 def write_npy(path, shape, values, dtype):
-    descr = "<f4" if dtype == "float32" else "<i4"
-    dims = ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "")
-    header = "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }" % (descr, dims)
-    pad = 64 - (10 + len(header) + 1) % 64
-    header = header + " " * (pad % 64) + "\n"
     a = array.array("f" if dtype == "float32" else "i", values)
-    if sys.byteorder != "little":
-        a.byteswap()
-    with open(path, "wb") as f:
-        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin1"))
-        f.write(a.tobytes())
+    compare.write_npy(path, shape, a)     # the dump format's writer (compare.py)
     return a
 
 

@@ -20,7 +20,6 @@ The checkpoints carry the fixture tokenizer cut to its first 1000 ids (the forwa
 exporting the full one costs ~4 s per blob). Runs in ~16 s on 2 cores.
 Build products go to build/dims/. Prints `PASS name` / `FAIL name: detail`; exit status 1 on any FAIL.
 """
-import ast
 import json
 import math
 import os
@@ -28,7 +27,7 @@ import shutil
 import struct
 import subprocess
 
-from harness import ROOT, check, finish, need_fixtures
+from harness import ROOT, check, finish, need_fixtures, read_npy
 
 OUT = os.path.join(ROOT, "build", "dims")
 REL_TOL, ABS_FLOOR, MIN_MARGIN = 1e-5, 1e-2, 1e-4
@@ -60,22 +59,6 @@ GREEDY = 6
 
 # ----------------------------------------------------------------------------------------------
 # helpers
-
-def read_npy(path):
-    """(shape, flat list) of a NumPy 1.0 file, C order (Fortran-order files are transposed back)."""
-    with open(path, "rb") as f:
-        b = f.read()
-    n = struct.unpack("<H", b[8:10])[0]
-    h = ast.literal_eval(b[10:10 + n].decode("latin1"))
-    fmt = {"<f4": "f", "<i4": "i"}[h["descr"]]
-    shape = tuple(h["shape"])
-    cnt = math.prod(shape)
-    vals = list(struct.unpack(f"<{cnt}{fmt}", b[10 + n:10 + n + 4 * cnt]))
-    if h["fortran_order"] and len(shape) == 2:
-        r, c = shape
-        vals = [vals[j * r + i] for i in range(r) for j in range(c)]
-    return shape, vals
-
 
 def load_dump(d):
     with open(os.path.join(d, "index.json")) as f:

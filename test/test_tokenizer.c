@@ -520,18 +520,6 @@ static void run_chat(const ZayaTokenizer *t, const char *cases_path) {
 }
 
 /* corrupted sections must give an error, never a crash */
-static uint32_t adler(const unsigned char *p, size_t n) {       /* zlib's Adler-32, blocks of 5552 */
-    uint32_t a = 1, b = 0;
-    while (n) {
-        size_t k = n < 5552 ? n : 5552;
-        n -= k;
-        while (k--) { a += *p++; b += a; }
-        a %= 65521;
-        b %= 65521;
-    }
-    return b << 16 | a;
-}
-
 static void run_corruption(const unsigned char *sec, size_t size, int n_cases) {
     unsigned char *buf = malloc(size + 8);
     ZayaTokenizer t;
@@ -567,7 +555,7 @@ static void run_corruption(const unsigned char *sec, size_t size, int n_cases) {
         uint32_t v = (uint32_t)(x >> 32);
         int nbytes = 1 + (int)(x % 4);
         for (int i = 0; i < nbytes && at + (size_t)i < size; i++) buf[at + (size_t)i] = (unsigned char)(v >> (8 * i));
-        uint32_t s = adler(buf + 32, size - 32);
+        uint32_t s = zaya_tok_checksum(buf, size);
         memcpy(buf + 24, &s, 4);
         if (zaya_tok_load(&t, buf, size, err, sizeof err)) { errors++; continue; }
         loaded++;
@@ -592,7 +580,7 @@ static void run_corruption(const unsigned char *sec, size_t size, int n_cases) {
     for (size_t k = 0; k < sizeof hits / sizeof *hits; k++) {
         memcpy(buf, sec, size);
         memcpy(buf + hits[k].at, &hits[k].v, 4);
-        uint32_t s = adler(buf + 32, size - 32);
+        uint32_t s = zaya_tok_checksum(buf, size);
         memcpy(buf + 24, &s, 4);
         if (zaya_tok_load(&t, buf, size, err, sizeof err) == 0) { ok = 0; printf("   loaded with u32 %u at %zu\n", hits[k].v, hits[k].at); }
     }

@@ -37,18 +37,6 @@ static void init(void) {
     if (zaya_tok_load(&g_tok, g_sec, g_size, err, sizeof err)) { fprintf(stderr, "%s\n", err); abort(); }
 }
 
-static uint32_t adler(const unsigned char *p, size_t n) {
-    uint32_t a = 1, b = 0;
-    while (n) {
-        size_t k = n < 5552 ? n : 5552;
-        n -= k;
-        while (k--) { a += *p++; b += a; }
-        a %= 65521;
-        b %= 65521;
-    }
-    return b << 16 | a;
-}
-
 static void use(const ZayaTokenizer *t, const unsigned char *data, size_t n) {
     int *ids;
     size_t ni, dl;
@@ -86,7 +74,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size) {
     memcpy(buf, g_sec, g_size);
     if (at + n > g_size) n = g_size - at;
     memcpy(buf + at, data + 5, n);
-    uint32_t sum = adler(buf + 32, g_size - 32);
+    uint32_t sum = zaya_tok_checksum(buf, g_size);
     memcpy(buf + 24, &sum, 4);
     ZayaTokenizer t;
     char err[256];
