@@ -154,57 +154,61 @@ static float sum_lanes(const float *acc) {   /* fixed pairwise order: results ne
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-static float dot_f32(const float *w, const float *x, int n) {
-    float acc[LANES] = {0};
+/* float32 or bf16 weights x float32 activations for nt <= DOT_TOKENS tokens at once: per token 16
+ * lanes of fused multiply-adds, then sum_lanes. Token t's result is the same operations in the same
+ * order whatever nt is; several tokens only share each weight load (and hide the FMA latency). */
+#define DOT_TOKENS 8
+static inline __attribute__((always_inline)) void
+dot_float_n(float *out, const int nt, const void *wv, const int bf16, const float *x, size_t x_stride, int n) {
+    const float *wf = wv;
+    const uint16_t *wb = wv;
+    float acc[DOT_TOKENS][LANES];
+    for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]);
     int i = 0;
 #ifdef __AVX512F__
-    __m512 a = _mm512_setzero_ps();
-    for (; i + LANES <= n; i += LANES) a = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a);
-    _mm512_storeu_ps(acc, a);
-#else
-    for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] = fmaf(w[i + l], x[i + l], acc[l]);
-#endif
-    for (int l = 0; i < n; i++, l++) acc[l] = fmaf(w[i], x[i], acc[l]);
-    return sum_lanes(acc);
-}
-
-static float dot_bf16(const uint16_t *w, const float *x, int n) {
-    float acc[LANES] = {0};
-    int i = 0;
-#ifdef __AVX512F__
-    __m512 a = _mm512_setzero_ps();
+    __m512 a[DOT_TOKENS];
+    for (int t = 0; t < nt; t++) a[t] = _mm512_setzero_ps();
     for (; i + LANES <= n; i += LANES) {
-        __m512i wi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w + i))), 16);
-        a = _mm512_fmadd_ps(_mm512_castsi512_ps(wi), _mm512_loadu_ps(x + i), a);
+        __m512 w = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wb + i))), 16))
+                        : _mm512_loadu_ps(wf + i);
+        for (int t = 0; t < nt; t++) a[t] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + t * x_stride + i), a[t]);
     }
-    _mm512_storeu_ps(acc, a);
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(acc[t], a[t]);
 #else
     for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] = fmaf(bf16_to_f32(w[i + l]), x[i + l], acc[l]);
+        for (int t = 0; t < nt; t++)
+            for (int l = 0; l < LANES; l++)
+                acc[t][l] = fmaf(bf16 ? bf16_to_f32(wb[i + l]) : wf[i + l], x[t * x_stride + i + l], acc[t][l]);
 #endif
-    for (int l = 0; i < n; i++, l++) acc[l] = fmaf(bf16_to_f32(w[i]), x[i], acc[l]);
-    return sum_lanes(acc);
+    for (int t = 0; t < nt; t++) {
+        for (int j = i, l = 0; j < n; j++, l++) acc[t][l] = fmaf(bf16 ? bf16_to_f32(wb[j]) : wf[j], x[t * x_stride + j], acc[t][l]);
+        out[t] = sum_lanes(acc[t]);
+    }
 }
 
-/* int8 weights x int16 activations for nt <= Q8_TOKENS tokens at once (prefill shares each weight load).
+static float dot_f32(const float *w, const float *x, int n) {
+    float r;
+    dot_float_n(&r, 1, w, 0, x, 0, n);
+    return r;
+}
+
+/* int8 weights x int16 activations for nt <= DOT_TOKENS tokens at once (prefill shares each weight load).
  * Both are in the interleaved order: in a block of 8 groups, position p belongs to group p/2 % 8,
  * so 16-bit lanes pair up into 8 int32 lanes, one per group, and no horizontal sums are needed.
  * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
-#define Q8_TOKENS 8
 static inline __attribute__((always_inline)) void
 dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
          const float *xs, size_t xs_stride, int n, int group) {
-    float acc[Q8_TOKENS][LANES];
+    float acc[DOT_TOKENS][LANES];
     for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]);
     const int block = 8 * group, nb = group % 2 ? 0 : n / block;
     int b = 0;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    __m256 a[Q8_TOKENS];
+    __m256 a[DOT_TOKENS];
     for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_ps();
     if (group % 8 == 0)   /* 64 values per iteration: two 512-bit steps, two chains per token */
         for (; b < nb; b++) {
-            __m512i isum0[Q8_TOKENS], isum1[Q8_TOKENS];
+            __m512i isum0[DOT_TOKENS], isum1[DOT_TOKENS];
             for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = _mm512_setzero_si512();
             const int8_t *wb = w + (size_t)b * block;
             for (int s = 0; s < block; s += 64) {
@@ -243,7 +247,8 @@ dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16
     }
 }
 
-/* dot_q8_n with the token count fixed at compile time, so the accumulators live in registers */
+/* dot_q8_n and dot_float_n with the token count fixed at compile time, so the accumulators live in
+ * registers */
 static void dot_q8(float *out, int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
                    const float *xs, size_t xs_stride, int n, int group) {
 #define CASE(k) case k: dot_q8_n(out, k, w, ws, xq, xq_stride, xs, xs_stride, n, group); break;
@@ -251,10 +256,38 @@ static void dot_q8(float *out, int nt, const int8_t *w, const float *ws, const i
 #undef CASE
 }
 
-/* Y[t][o] = W[o] . X[t] for n tokens (rows of X and Y with strides xs, ys). Each output row is one
- * thread's work and each token's result is the same dot product whatever n is, so the result is
- * identical for any thread count and for prefill in batches or token by token. One weight row
- * stays in cache while it meets all n tokens: a batch reads the weights once. */
+static void dot_float(float *out, int nt, const void *w, int bf16, const float *x, size_t x_stride, int n) {
+#define CASE(k) case k: dot_float_n(out, k, w, bf16, x, x_stride, n); break;
+    switch (nt) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8) }
+#undef CASE
+}
+
+/* Output rows [o0, o1) for n tokens: tokens TOKENS at a time against every row of the range, so one
+ * group of tokens' activations stays in the L1 cache while it meets the rows. */
+static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n,
+                        const int16_t *xq, const float *xqs, int o0, int o1) {
+    const int cols = w->cols, G = w->group_size;
+    for (int t = 0; t < n; t += DOT_TOKENS) {
+        const int nt = n - t < DOT_TOKENS ? n - t : DOT_TOKENS;
+        float r[DOT_TOKENS];
+        for (int o = o0; o < o1; o++) {
+            const size_t row = (size_t)o * (size_t)cols;
+            if (w->dtype == ZAYA_Q8)
+                dot_q8(r, nt, (const int8_t *)w->data + row, w->scales + row / (size_t)G, xq + (size_t)t * cols, (size_t)cols,
+                       xqs + (size_t)t * (cols / G), (size_t)(cols / G), cols, G);
+            else if (w->dtype == ZAYA_BF16) dot_float(r, nt, (const uint16_t *)w->data + row, 1, x + (size_t)t * xs, (size_t)xs, cols);
+            else dot_float(r, nt, (const float *)w->data + row, 0, x + (size_t)t * xs, (size_t)xs, cols);
+            for (int k = 0; k < nt; k++) y[(size_t)(t + k) * ys + o] = r[k];
+        }
+    }
+}
+
+/* Y[t][o] = W[o] . X[t] for n tokens (rows of X and Y with strides xs, ys). Each thread takes an
+ * equal share of the output rows and walks it in tiles of ROW_TILE rows, whose weights stay in its
+ * L2 cache while all n tokens meet them: a batch reads the weights from memory once. Each token's
+ * result is the same dot product whatever n, the tiling or the thread count, so results are
+ * identical for any thread count and for prefill in batches or token by token. */
+#define ROW_TILE 64
 static void matmul(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n,
                    int16_t *xq, float *xqs) {
     const int rows = w->rows, cols = w->cols, G = w->group_size;
@@ -262,21 +295,15 @@ static void matmul(float *y, int ys, const ZayaMatrix *w, const float *x, int xs
 #pragma omp parallel for schedule(static) if (n > 1)   /* prefill: the tokens' activations in parallel */
         for (int t = 0; t < n; t++)
             quantize_q16(xq + (size_t)t * cols, xqs + (size_t)t * (cols / G), x + (size_t)t * xs, cols, G);
-#pragma omp parallel for schedule(static) if ((size_t)rows * cols * n >= 65536)
-    for (int o = 0; o < rows; o++) {
-        size_t row = (size_t)o * (size_t)cols;
-        for (int t = 0; t < n; t++) {
-            if (w->dtype == ZAYA_F32) y[(size_t)t * ys + o] = dot_f32((const float *)w->data + row, x + (size_t)t * xs, cols);
-            else if (w->dtype == ZAYA_BF16) y[(size_t)t * ys + o] = dot_bf16((const uint16_t *)w->data + row, x + (size_t)t * xs, cols);
-            else {   /* up to Q8_TOKENS tokens per pass over the row */
-                float r[Q8_TOKENS];
-                int nt = n - t < Q8_TOKENS ? n - t : Q8_TOKENS;
-                dot_q8(r, nt, (const int8_t *)w->data + row, w->scales + row / (size_t)G, xq + (size_t)t * cols, (size_t)cols,
-                       xqs + (size_t)t * (cols / G), (size_t)(cols / G), cols, G);
-                for (int k = 0; k < nt; k++) y[(size_t)(t + k) * ys + o] = r[k];
-                t += nt - 1;
-            }
-        }
+#pragma omp parallel if ((size_t)rows * cols * n >= 65536)
+    {
+        int r0 = 0, r1 = rows;
+#ifdef _OPENMP
+        const int nth = omp_get_num_threads(), me = omp_get_thread_num();
+        r0 = (int)((long long)rows * me / nth), r1 = (int)((long long)rows * (me + 1) / nth);
+#endif
+        for (int o = r0; o < r1; o += ROW_TILE)
+            matmul_rows(y, ys, w, x, xs, n, xq, xqs, o, o + ROW_TILE < r1 ? o + ROW_TILE : r1);
     }
 }
 
