@@ -102,32 +102,31 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
 
 /* Activations meet int8 weights as int16 in groups: xs[g] = max|x| / 32767 over the group,
  * xq = round(x / xs), stored in the weights' interleaved order (zaya_q8_position). Their rounding error (~1e-5 relative) is far below the weights' int8 error,
- * so routing stays as with float32 activations, while the dot product is exact integer work. */
-static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int group) {
+ * so routing stays as with float32 activations, while the dot product is exact integer work.
+ * This does group g of the n values x[0..n). */
+static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int group, int g) {
     const int block = 8 * group, nb = group % 2 ? 0 : n / block;   /* as in zaya_q8_position */
-    for (int g = 0; g < n / group; g++) {
-        const float *xg = x + (size_t)g * group;
-        uint32_t amax_bits = 0;            /* max |x| as bits: orders like the floats, and NaN > inf > finite */
-        for (int i = 0; i < group; i++) {
-            uint32_t b;
-            memcpy(&b, xg + i, 4);
-            b &= 0x7fffffffu;
-            amax_bits = b > amax_bits ? b : amax_bits;
-        }
-        float amax;
-        memcpy(&amax, &amax_bits, 4);
-        const int finite = amax_bits < 0x7f800000u;
-        float inv = 0.0f;
-        if (!finite) xs[g] = NAN;          /* NaN or inf (only from a corrupt blob): the group's sums are NaN */
-        else if (amax < 1e-30f) xs[g] = 0.0f;   /* counts as zero (and 32767 / amax could overflow) */
-        else { xs[g] = amax / 32767.0f; inv = 32767.0f / amax; }
-        /* value i of the group goes to xq[dst + (i & ~1) * step + (i & 1)], as zaya_q8_position says */
-        const size_t dst = g < nb * 8 ? (size_t)(g / 8) * block + 2 * (g % 8) : (size_t)g * group;
-        const int step = g < nb * 8 ? 8 : 1;
-        for (int i = 0; i < group; i++) {  /* round half away from zero; |x * inv| <= 32767 */
-            float v = finite ? xg[i] * inv : 0.0f;
-            xq[dst + (size_t)(i & ~1) * step + (i & 1)] = (int16_t)(v + (v < 0.0f ? -0.5f : 0.5f));
-        }
+    const float *xg = x + (size_t)g * group;
+    uint32_t amax_bits = 0;            /* max |x| as bits: orders like the floats, and NaN > inf > finite */
+    for (int i = 0; i < group; i++) {
+        uint32_t b;
+        memcpy(&b, xg + i, 4);
+        b &= 0x7fffffffu;
+        amax_bits = b > amax_bits ? b : amax_bits;
+    }
+    float amax;
+    memcpy(&amax, &amax_bits, 4);
+    const int finite = amax_bits < 0x7f800000u;
+    float inv = 0.0f;
+    if (!finite) xs[g] = NAN;          /* NaN or inf (only from a corrupt blob): the group's sums are NaN */
+    else if (amax < 1e-30f) xs[g] = 0.0f;   /* counts as zero (and 32767 / amax could overflow) */
+    else { xs[g] = amax / 32767.0f; inv = 32767.0f / amax; }
+    /* value i of the group goes to xq[dst + (i & ~1) * step + (i & 1)], as zaya_q8_position says */
+    const size_t dst = g < nb * 8 ? (size_t)(g / 8) * block + 2 * (g % 8) : (size_t)g * group;
+    const int step = g < nb * 8 ? 8 : 1;
+    for (int i = 0; i < group; i++) {  /* round half away from zero; |x * inv| <= 32767 */
+        float v = finite ? xg[i] * inv : 0.0f;
+        xq[dst + (size_t)(i & ~1) * step + (i & 1)] = (int16_t)(v + (v < 0.0f ? -0.5f : 0.5f));
     }
 }
 
@@ -262,8 +261,8 @@ static void dot_float(float *out, int nt, const void *w, int bf16, const float *
 #undef CASE
 }
 
-/* Output rows [o0, o1) for n tokens: tokens TOKENS at a time against every row of the range, so one
- * group of tokens' activations stays in the L1 cache while it meets the rows. */
+/* Output rows [o0, o1) for n tokens: tokens DOT_TOKENS at a time against every row of the range, so
+ * one group of tokens' activations stays in the L1 cache while it meets the rows. */
 static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n,
                         const int16_t *xq, const float *xqs, int o0, int o1) {
     const int cols = w->cols, G = w->group_size;
@@ -282,28 +281,45 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
     }
 }
 
-/* Y[t][o] = W[o] . X[t] for n tokens (rows of X and Y with strides xs, ys). Each thread takes an
- * equal share of the output rows and walks it in tiles of ROW_TILE rows, whose weights stay in its
- * L2 cache while all n tokens meet them: a batch reads the weights from memory once. Each token's
- * result is the same dot product whatever n, the tiling or the thread count, so results are
- * identical for any thread count and for prefill in batches or token by token. */
+/* One product of a matmul: Y[t][o] = W[o] . X[t], Y's rows `ys` apart. */
+typedef struct { const ZayaMatrix *w; float *y; int ys; } MatmulOut;
+
+/* The products of `count` matrices with the same input X (n tokens, rows xs apart; xq and xqs hold
+ * its int16 form). One parallel region: the threads quantize equal shares of X for int8 weights,
+ * then take equal shares of all the matrices' output rows together (so small matrices such as
+ * k_proj do not each pay for starting the threads), walked in tiles of ROW_TILE rows whose
+ * weights stay in L2 while all n tokens meet them: a batch reads the weights from memory once.
+ * Each token's result is the same dot product whatever n, the tiling or the thread count, so
+ * results are identical for any thread count and for prefill in batches or token by token. */
 #define ROW_TILE 64
-static void matmul(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n,
-                   int16_t *xq, float *xqs) {
-    const int rows = w->rows, cols = w->cols, G = w->group_size;
-    if (w->dtype == ZAYA_Q8)
-#pragma omp parallel for schedule(static) if (n > 1)   /* prefill: the tokens' activations in parallel */
-        for (int t = 0; t < n; t++)
-            quantize_q16(xq + (size_t)t * cols, xqs + (size_t)t * (cols / G), x + (size_t)t * xs, cols, G);
+static void matmul(const MatmulOut *out, int count, const float *x, int xs, int n, int16_t *xq, float *xqs) {
+    const ZayaMatrix *w0 = out[0].w;
+    const int cols = w0->cols, G = w0->group_size;
+    int rows = 0;
+    for (int i = 0; i < count; rows += out[i++].w->rows)
+        if (out[i].w->dtype != w0->dtype || out[i].w->group_size != G) {   /* a blob that mixes formats */
+            for (int j = 0; j < count; j++) matmul(&out[j], 1, x, xs, n, xq, xqs);
+            return;
+        }
+    const int ng = w0->dtype == ZAYA_Q8 ? cols / G : 0;    /* activation groups per token */
+    const long groups = (long)n * ng;
 #pragma omp parallel if ((size_t)rows * cols * n >= 65536)
     {
-        int r0 = 0, r1 = rows;
+        int me = 0, nth = 1;
 #ifdef _OPENMP
-        const int nth = omp_get_num_threads(), me = omp_get_thread_num();
-        r0 = (int)((long long)rows * me / nth), r1 = (int)((long long)rows * (me + 1) / nth);
+        me = omp_get_thread_num(), nth = omp_get_num_threads();
 #endif
-        for (int o = r0; o < r1; o += ROW_TILE)
-            matmul_rows(y, ys, w, x, xs, n, xq, xqs, o, o + ROW_TILE < r1 ? o + ROW_TILE : r1);
+        for (long i = groups * me / nth; i < groups * (me + 1) / nth; i++) {
+            const long t = i / ng;
+            quantize_q16(xq + t * cols, xqs + t * ng, x + t * xs, cols, G, (int)(i % ng));
+        }
+#pragma omp barrier
+        const int r0 = (int)((long long)rows * me / nth), r1 = (int)((long long)rows * (me + 1) / nth);
+        for (int i = 0, base = 0; i < count; base += out[i++].w->rows) {   /* this thread's rows of out[i] */
+            const int a = r0 - base > 0 ? r0 - base : 0, b = r1 - base < out[i].w->rows ? r1 - base : out[i].w->rows;
+            for (int o = a; o < b; o += ROW_TILE)
+                matmul_rows(out[i].y, out[i].ys, out[i].w, x, xs, n, xq, xqs, o, o + ROW_TILE < b ? o + ROW_TILE : b);
+        }
     }
 }
 
@@ -315,7 +331,8 @@ void zaya_matvec(float *y, const ZayaMatrix *w, const float *x) {
         xqs = malloc(sizeof(float) * (size_t)(w->cols / w->group_size));
         if (!xq || !xqs) { free(xq); free(xqs); return; }
     }
-    matmul(y, w->rows, w, x, w->cols, 1, xq, xqs);
+    const MatmulOut out = {w, y, w->rows};
+    matmul(&out, 1, x, w->cols, 1, xq, xqs);
     free(xq);
     free(xqs);
 }
@@ -881,7 +898,7 @@ static void tap2(ZayaState *s, int layer, int pos, const char *name, const float
 #define TAP(layer, pos, name, data, n) tap2(s, layer, pos, name, data, n, 0)
 
 /* matmul with the state's scratch for quantized activations */
-#define MATMUL(y, ys, w, x, xs, n) matmul(y, ys, w, x, xs, n, s->xq, s->xq_scales)
+#define MATMUL(y, ys, w, x, xs, n) matmul(&(const MatmulOut){w, y, ys}, 1, x, xs, n, s->xq, s->xq_scales)
 
 /* 3.4-3.5 for one token: the two causal convolutions over [u_{t-K} .. u_t] and the residual mix.
  * u_t = [q_tilde ; k_tilde] (q_proj and k_proj outputs); writes q and k. */
@@ -1028,10 +1045,11 @@ static void attention_block(const ZayaModel *m, ZayaState *s, int layer, int n) 
         rmsnorm(s->h + (size_t)t * H, s->x + (size_t)t * H, L->input_layernorm, H, c->rms_norm_eps);
         TAP(layer, s->pos + t, "input_layernorm", s->h + (size_t)t * H, H);
     }
-    MATMUL(s->u, C, &L->q_proj, s->h, H, n);                                    /* qkv_proj.q_proj -> u[:nq*d] */
-    MATMUL(s->u + (size_t)nq * d, C, &L->k_proj, s->h, H, n);                   /* qkv_proj.k_proj -> u[nq*d:] */
-    MATMUL(s->v, nkv * d, &L->v_proj_current, s->h, H, n);                      /* v_proj_current -> v[:vhalf] */
-    MATMUL(s->vd, vhalf, &L->v_proj_delayed, s->h, H, n);                       /* v_proj_delayed */
+    const MatmulOut qkv[] = {{&L->q_proj, s->u, C},                              /* qkv_proj.q_proj -> u[:nq*d] */
+                             {&L->k_proj, s->u + (size_t)nq * d, C},             /* qkv_proj.k_proj -> u[nq*d:] */
+                             {&L->v_proj_current, s->v, nkv * d},                /* v_proj_current -> v[:vhalf] */
+                             {&L->v_proj_delayed, s->vd, vhalf}};                /* v_proj_delayed */
+    matmul(qkv, 4, s->h, H, n, s->xq, s->xq_scales);                            /* all four read h: one pass */
 
     for (int t = 0; t < n; t++) {       /* token after token: conv state, delayed value, KV cache */
         const int pos = s->pos + t;
