@@ -16,7 +16,10 @@
 #   (e) prints a markdown table (also saved to OUT/results-DTYPE.md) next to the llama.cpp peer numbers.
 #
 # Environment: ZAYA=path of the engine (default ./zaya_omp if built with `make omp`, else ./zaya),
-# PYTHON (python3), CC (cc). Needs /usr/bin/time (GNU time). Run from anywhere; paths are resolved
+# PYTHON (python3), CC (cc). PEER_BENCH=path of llama.cpp's llama-bench and PEER_MODEL=a Q8_0 GGUF of
+# the same checkpoint: the int8 runs are then each followed, in the same window, by
+# `llama-bench -m PEER_MODEL -p NPROMPT -n NGEN -t N -r 3 -mmp 0` and the table shows both; without
+# them the table quotes the issue's llama.cpp figures (another machine of this class). Needs /usr/bin/time (GNU time). Run from anywhere; paths are resolved
 # against the repository root.
 set -euo pipefail
 
@@ -71,6 +74,12 @@ if [ -z "${ZAYA:-}" ]; then
     fi
 fi
 [ -x "$ZAYA" ] || die "engine $ZAYA is missing or not executable (cd $REPO && make omp)"
+PEER=0
+if [ -n "${PEER_BENCH:-}${PEER_MODEL:-}" ]; then
+    [ -x "${PEER_BENCH:-}" ] || die "PEER_BENCH='${PEER_BENCH:-}' is not an executable llama-bench"
+    [ -s "${PEER_MODEL:-}" ] || die "PEER_MODEL='${PEER_MODEL:-}' is not a GGUF file (set both PEER_BENCH and PEER_MODEL)"
+    PEER=1
+fi
 if ! ldd "$ZAYA" 2>/dev/null | grep -q 'libgomp\|libomp'; then
     note "warning: $ZAYA is not built with OpenMP: --threads is ignored, every row runs on 1 thread" \
          "(build ./zaya_omp with 'make omp')"
@@ -158,7 +167,7 @@ for DT in $DTYPES; do
         tail -5 "$OUT/warmup-$DT.log" >&2; die "$ZAYA failed on $BLOB (log: $OUT/warmup-$DT.log)"; }
 
     # (c) the runs
-    declare -A PRE DEC LOADS RSS RUNBUSY
+    declare -A PRE DEC LOADS RSS RUNBUSY PEER_PRE PEER_DEC
     for t in $THREADS; do
         note "run: $DT, $t thread(s), prompt $NPROMPT ids, $NGEN greedy tokens ..."
         RUNBUSY[$t]="$(busy_list)"
@@ -177,6 +186,22 @@ for DT in $DTYPES; do
         [ -n "${PRE[$t]}" ] || die "no 'prefill: N tokens in S s (T tok/s)' line from $ZAYA in $ERR"
         [ -n "${DEC[$t]}" ] || die "no 'decode: N tokens in S s (T tok/s)' line from $ZAYA in $ERR"
         note "  load ${LOADS[$t]} s, prefill ${PRE[$t]} tok/s, decode ${DEC[$t]} tok/s, peak RSS ${RSS[$t]} GiB"
+        if [ "$PEER" = 1 ] && [ "$DT" = int8 ]; then
+            note "peer: llama-bench, $t thread(s), pp$NPROMPT + tg$NGEN, 3 repetitions ..."
+            if ! "$PEER_BENCH" -m "$PEER_MODEL" -p "$NPROMPT" -n "$NGEN" -t "$t" -r 3 -mmp 0 -o csv \
+                    >"$OUT/peer-t$t.csv" 2>"$OUT/peer-t$t.err"; then
+                tail -5 "$OUT/peer-t$t.err" >&2; die "llama-bench failed ($OUT/peer-t$t.err)"
+            fi
+            # avg_ts of the row with n_gen = 0 (prompt processing) and the one with n_prompt = 0 (generation)
+            read -r PEER_PRE[$t] PEER_DEC[$t] < <("$PYTHON" -c '
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+pp = [r["avg_ts"] for r in rows if r["n_gen"] == "0"]
+tg = [r["avg_ts"] for r in rows if r["n_prompt"] == "0"]
+print("%.2f %.2f" % (float(pp[0]), float(tg[0])) if pp and tg else "- -")' "$OUT/peer-t$t.csv")
+            [ "${PEER_PRE[$t]}" != "-" ] || die "cannot read avg_ts from $OUT/peer-t$t.csv"
+            note "  llama.cpp: pp$NPROMPT ${PEER_PRE[$t]} tok/s, tg$NGEN ${PEER_DEC[$t]} tok/s"
+        fi
     done
 
     # (e) the table
@@ -190,10 +215,20 @@ for DT in $DTYPES; do
         echo "Bytes read per decoded token: $(awk -v b="$BPT" 'BEGIN { printf "%.3f GB", b / 1e9 }') (weights:"
         echo "attention + router + norms of every layer, one expert per layer, the whole LM head; KV cache excluded)."
         echo
-        echo "| threads | prefill tok/s | decode tok/s | load s | peak RSS GiB | read GB/s | ceiling tok/s | decode / ceiling | llama.cpp decode | llama.cpp pp128 | other busy processes |"
+        if [ "$PEER" = 1 ] && [ "$DT" = int8 ]; then
+            echo "llama.cpp: measured right after each zaya.c run by llama-bench on $PEER_MODEL"
+            echo "($(stat -L -c %s "$PEER_MODEL") bytes); its tg$NGEN starts from an empty context, ours after the $NPROMPT-id prompt."
+        else
+            echo "llama.cpp: the issue's figures (Q8_0, ZAYA port of PR #23112, another AMD EPYC Zen 4 2-vCPU machine),"
+            echo "not measured in this run (set PEER_BENCH and PEER_MODEL to measure it)."
+        fi
+        echo
+        echo "| threads | prefill tok/s | decode tok/s | load s | peak RSS GiB | read GB/s | ceiling tok/s | decode / ceiling | llama.cpp decode | llama.cpp pp$NPROMPT | other busy processes |"
         echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         for t in $THREADS; do
-            case "$t" in 1) PEER_D="13.3-13.7"; PEER_P="35" ;; 2) PEER_D="17.2-17.5"; PEER_P="55-67" ;; *) PEER_D="-"; PEER_P="-" ;; esac
+            if [ -n "${PEER_DEC[$t]:-}" ]; then PEER_D="${PEER_DEC[$t]}"; PEER_P="${PEER_PRE[$t]}"
+            else case "$t" in 1) PEER_D="13.3-13.7"; PEER_P="35" ;; 2) PEER_D="17.2-17.5"; PEER_P="55-67" ;; *) PEER_D="-"; PEER_P="-" ;; esac
+            fi
             awk -v t="$t" -v p="${PRE[$t]}" -v d="${DEC[$t]}" -v l="${LOADS[$t]}" -v r="${RSS[$t]}" \
                 -v bw="${BW[$t]}" -v b="$BPT" -v pd="$PEER_D" -v pp="$PEER_P" -v la="${RUNBUSY[$t]:-none}" 'BEGIN {
                 c = bw * 1e9 / b
@@ -205,5 +240,5 @@ for DT in $DTYPES; do
         cat "$OUT/bytes-$DT.md"
     } | tee "$RES"
     note "saved $RES"
-    unset PRE DEC LOADS RSS RUNBUSY
+    unset PRE DEC LOADS RSS RUNBUSY PEER_PRE PEER_DEC
 done

@@ -144,7 +144,7 @@ def main(argv=None):
     p.add_argument("blob", nargs="?")
     p.add_argument("--config", help="checkpoint folder or config.json instead of a blob")
     p.add_argument("--dtype", choices=("fp32", "bf16", "int8"), default="int8", help="with --config")
-    p.add_argument("--group", type=int, default=32, help="int8 group size with --config (default 32)")
+    p.add_argument("--group", type=int, default=64, help="int8 group size with --config (default 64, as export_weights.py)")
     p.add_argument("--bandwidth", type=float, help="GB/s: also print ceiling_tok_s = GB/s / bytes per token")
     p.add_argument("-v", "--verbose", action="store_true", help="a table on stderr")
     a = p.parse_args(argv)
