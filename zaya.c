@@ -1016,17 +1016,27 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
     for (int n = 0; n < nq; n++) {
         const float *q = q_all + (size_t)n * d;
         const int kvh = n / g;
+        const size_t stride = (size_t)nkv * d;         /* from one cached position to the next */
         float *p = s->att + (size_t)n * n_keys;        /* head n's probabilities over keys first..pos */
-        for (int t = first; t <= pos; t++) {
-            const float *k = ls->key_cache + ((size_t)(t % ls->cache_len) * nkv + kvh) * d;
-            p[t - first] = dot_f32(q, k, d) * scale;
+        for (int t = first, nt; t <= pos; t += nt) {   /* up to DOT_TOKENS keys share each load of q */
+            const int slot = t % ls->cache_len;        /* (a pass stops where the ring buffer wraps) */
+            nt = pos - t + 1 < DOT_TOKENS ? pos - t + 1 : DOT_TOKENS;
+            nt = nt < ls->cache_len - slot ? nt : ls->cache_len - slot;
+            dot_float(p + (t - first), nt, q, 0, ls->key_cache + slot * stride + (size_t)kvh * d, stride, d);
+            for (int j = 0; j < nt; j++) p[t - first + j] *= scale;
         }
         softmax(p, n_keys);
-        float *o = out + (size_t)n * d;
+        float *o = out + (size_t)n * d;                /* o = sum_t p_t v_t, added in position order */
         memset(o, 0, (size_t)d * sizeof(float));
-        for (int t = first; t <= pos; t++) {
-            const float *v = ls->value_cache + ((size_t)(t % ls->cache_len) * nkv + kvh) * d;
-            for (int i = 0; i < d; i++) o[i] += p[t - first] * v[i];
+        for (int t = first, nt; t <= pos; t += nt) {   /* four positions per pass over o where they are adjacent */
+            const int slot = t % ls->cache_len;
+            nt = pos - t + 1 >= 4 && ls->cache_len - slot >= 4 ? 4 : 1;
+            const float *v = ls->value_cache + slot * stride + (size_t)kvh * d, *pt = p + (t - first);
+            if (nt == 4)
+                for (int i = 0; i < d; i++)
+                    o[i] = o[i] + pt[0] * v[i] + pt[1] * v[stride + i] + pt[2] * v[2 * stride + i] + pt[3] * v[3 * stride + i];
+            else
+                for (int i = 0; i < d; i++) o[i] += pt[0] * v[i];
         }
     }
     if (s->tap) {   /* [nq, n_keys]: column j = key position first + j (HF's attn_weights row without the masked zeros) */
