@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
 # bench/bench.sh - end-to-end benchmark of zaya.c on a full-size checkpoint (not part of `make test`).
 #
-#   bench/bench.sh [CKPT] [--out DIR] [--dtype int8|bf16|both] [--threads "1 2"] [--reuse]
+#   bench/bench.sh [CKPT] [--out DIR] [--dtype int8|bf16|both] [--threads "1 2"] [--rounds 3] [--reuse] [-n 64]
 #
 # CKPT (default /work/big/zaya1-8b-native) is a hub-format folder, e.g. written by
 # bench/make_checkpoint.py. For each dtype it
 #   (a) exports CKPT with `python3 export_weights.py CKPT OUT/zaya-DTYPE.bin --dtype DTYPE`
 #       (wall time and peak RSS from /usr/bin/time -v; --reuse keeps an existing blob),
-#   (b) measures memory read bandwidth at each thread count (bench/bandwidth.c),
-#   (c) runs `ZAYA OUT.bin --ids <128 ids> -n 64 -t 0 --threads N --print-ids` for each N and parses
-#       the engine's stderr report (`load: S s`, `prefill: N tokens in S s (T tok/s)`,
-#       `decode: N tokens in S s (T tok/s)`) and peak RSS,
+#   (b)+(c) for each thread count N, ROUNDS times (--rounds, default 3): measures the memory read
+#       bandwidth at N threads (bench/bandwidth.c, best of 3 passes), then runs `ZAYA OUT.bin --ids
+#       <128 ids> -n 64 -t 0 --threads N --print-ids` and parses the engine's stderr report (`load: S s`,
+#       `prefill: N tokens in S s (T tok/s)`, `decode: N tokens in S s (T tok/s)`) and peak RSS; one
+#       more bandwidth measurement closes the window, so every run has one just before and after it,
 #   (d) computes the weight bytes read per decoded token from the blob's tensor directory
 #       (bench/bytes_per_token.py), the ceiling = bandwidth / bytes per token and decode / ceiling,
 #   (e) prints a markdown table (also saved to OUT/results-DTYPE.md) next to the llama.cpp peer numbers.
 #
 # Environment: ZAYA=path of the engine (default ./zaya_omp if built with `make omp`, else ./zaya),
 # PYTHON (python3), CC (cc). PEER_BENCH=path of llama.cpp's llama-bench and PEER_MODEL=a Q8_0 GGUF of
-# the same checkpoint: the int8 runs are then each followed, in the same window, by
+# the same checkpoint: the int8 runs at each thread count are then followed, in the same window, by
 # `llama-bench -m PEER_MODEL -p NPROMPT -n NGEN -t N -r 3 -mmp 0` and the table shows both; without
 # them the table quotes the issue's llama.cpp figures (another machine of this class). Needs /usr/bin/time (GNU time). Run from anywhere; paths are resolved
 # against the repository root.
@@ -30,6 +31,7 @@ DTYPES="int8"
 THREADS="1 2"
 REUSE=0
 NGEN=64
+ROUNDS=3
 NPROMPT=128
 PYTHON="${PYTHON:-python3}"
 CC="${CC:-cc}"
@@ -51,6 +53,7 @@ while [ $# -gt 0 ]; do
         --threads) [ $# -ge 2 ] || die "--threads needs a list"; THREADS="$2"; shift 2 ;;
         --reuse) REUSE=1; shift ;;
         -n) [ $# -ge 2 ] || die "-n needs a number"; NGEN="$2"; shift 2 ;;
+        --rounds) [ $# -ge 2 ] || die "--rounds needs a number"; ROUNDS="$2"; shift 2 ;;
         -*) die "unknown option $1 (see --help)" ;;
         *) [ "$CKPT_SET" = 0 ] || die "more than one checkpoint given"; CKPT="$1"; CKPT_SET=1; shift ;;
     esac
@@ -61,6 +64,8 @@ case "$DTYPES" in
     *) die "--dtype must be int8, bf16 or both (got $DTYPES)" ;;
 esac
 for t in $THREADS; do [[ "$t" =~ ^[1-9][0-9]*$ ]] || die "bad thread count '$t'"; done
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "--rounds must be a positive number (got $ROUNDS)"
+[[ "$NGEN" =~ ^[1-9][0-9]*$ ]] || die "-n must be a positive number (got $NGEN)"
 
 # ---------------------------------------------------------------- preconditions, with clear errors
 [ -x /usr/bin/time ] || die "/usr/bin/time (GNU time) is missing: apt-get install time"
@@ -119,18 +124,17 @@ MEM="$(awk '/MemTotal/ { printf "%.0f GB", $2 / 1048576 }' /proc/meminfo 2>/dev/
 COMMIT="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
 # ---------------------------------------------------------------- (b) bandwidth
+# measured in the window of the runs (see (c)): this host's bandwidth drifts by 30% within minutes
 BW_BIN="$OUT/bandwidth"
 "$CC" -O3 -march=native -pthread -std=c11 -o "$BW_BIN" "$REPO/bench/bandwidth.c" \
     || die "cannot build bench/bandwidth.c"
-TLIST="$(tr ' ' ',' <<<"$THREADS")"
-note "bandwidth (threads $TLIST, 2 GB buffer, best of 7) ..."
-BW_OUT="$("$BW_BIN" -t "$TLIST")" || die "bandwidth failed"
-echo "$BW_OUT" >&2
-declare -A BW
-for t in $THREADS; do
-    BW[$t]="$(sed -n "s/^bandwidth threads=$t GB\/s=\([0-9.]*\).*/\1/p" <<<"$BW_OUT")"
-    [ -n "${BW[$t]}" ] || die "no bandwidth line for $t threads"
-done
+bw_now() {   # read bandwidth at $1 threads now: best of 3 passes over a 2 GiB buffer, GB/s
+    local out gbs
+    out="$("$BW_BIN" -t "$1" -r 3)" || die "bandwidth failed"
+    gbs="$(sed -n "s/^bandwidth threads=$1 GB\/s=\([0-9.]*\).*/\1/p" <<<"$out")"
+    [ -n "$gbs" ] || die "no bandwidth line for $1 threads in: $out"
+    echo "$gbs"
+}
 
 # ---------------------------------------------------------------- per dtype
 for DT in $DTYPES; do
@@ -168,25 +172,39 @@ for DT in $DTYPES; do
         tail -5 "$OUT/warmup-$DT.log" >&2; die "$ZAYA failed on $BLOB (log: $OUT/warmup-$DT.log)"; }
 
     # (c) the runs
-    declare -A PRE DEC LOADS RSS RUNBUSY PEER_PRE PEER_DEC
+    declare -A PRE DEC DECS LOADS RSS RUNBUSY BW BWS RATIOS PEER_PRE PEER_DEC
     for t in $THREADS; do
-        note "run: $DT, $t thread(s), prompt $NPROMPT ids, $NGEN greedy tokens ..."
-        RUNBUSY[$t]="$(busy_list)"
-        [ -z "${RUNBUSY[$t]}" ] || note "warning: the machine is busy:${RUNBUSY[$t]} — these numbers will be low"
-        ERR="$OUT/run-$DT-t$t.err"
-        # shellcheck disable=SC2086   # ZAYA_FLAGS is a list of flags
-        if ! /usr/bin/time -v -o "$OUT/run-$DT-t$t.time" "$ZAYA" "$BLOB" --ids "$IDS" -n "$NGEN" -t 0 \
-                --threads "$t" --print-ids ${ZAYA_FLAGS---hugepages} >"$OUT/run-$DT-t$t.out" 2>"$ERR"; then
-            tail -5 "$ERR" >&2; die "$ZAYA failed ($ERR)"
-        fi
-        LOADS[$t]="$(sed -n 's/^load: \([0-9.]*\) s.*/\1/p' "$ERR" | tail -1)"
-        PRE[$t]="$(sed -n 's/^prefill: [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$ERR" | tail -1)"
-        DEC[$t]="$(sed -n 's/^decode: [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$ERR" | tail -1)"
-        RSS[$t]="$(rss_gb "$(time_field 'Maximum resident set size (kbytes)' "$OUT/run-$DT-t$t.time")")"
-        [ -n "${LOADS[$t]}" ] || die "no 'load: S s' line from $ZAYA in $ERR"
-        [ -n "${PRE[$t]}" ] || die "no 'prefill: N tokens in S s (T tok/s)' line from $ZAYA in $ERR"
-        [ -n "${DEC[$t]}" ] || die "no 'decode: N tokens in S s (T tok/s)' line from $ZAYA in $ERR"
-        note "  load ${LOADS[$t]} s, prefill ${PRE[$t]} tok/s, decode ${DEC[$t]} tok/s, peak RSS ${RSS[$t]} GiB"
+        # ROUNDS runs, each between two bandwidth measurements at the same thread count: a run's
+        # ceiling is the better of the two around it; the table's is the best of the window
+        B_PREV="$(bw_now "$t")"; BWS[$t]="$B_PREV"; BW[$t]="$B_PREV"
+        PRE[$t]=0; DEC[$t]=0; DECS[$t]=""; RATIOS[$t]=""; LOADS[$t]=""; RSS[$t]=0; RUNBUSY[$t]=""
+        for r in $(seq "$ROUNDS"); do
+            note "run $r/$ROUNDS: $DT, $t thread(s), prompt $NPROMPT ids, $NGEN greedy tokens ..."
+            BUSY="$(busy_list)"
+            [ -z "$BUSY" ] || { note "warning: the machine is busy:$BUSY — these numbers will be low"; RUNBUSY[$t]+="$BUSY"; }
+            ERR="$OUT/run-$DT-t$t-$r.err"
+            # shellcheck disable=SC2086   # ZAYA_FLAGS is a list of flags
+            if ! /usr/bin/time -v -o "$OUT/run-$DT-t$t-$r.time" "$ZAYA" "$BLOB" --ids "$IDS" -n "$NGEN" -t 0 \
+                    --threads "$t" --print-ids ${ZAYA_FLAGS---hugepages} >"$OUT/run-$DT-t$t-$r.out" 2>"$ERR"; then
+                tail -5 "$ERR" >&2; die "$ZAYA failed ($ERR)"
+            fi
+            L="$(sed -n 's/^load: \([0-9.]*\) s.*/\1/p' "$ERR" | tail -1)"
+            P="$(sed -n 's/^prefill: [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$ERR" | tail -1)"
+            D="$(sed -n 's/^decode: [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$ERR" | tail -1)"
+            R="$(rss_gb "$(time_field 'Maximum resident set size (kbytes)' "$OUT/run-$DT-t$t-$r.time")")"
+            [ -n "$L" ] || die "no 'load: S s' line from $ZAYA in $ERR"
+            [ -n "$P" ] || die "no 'prefill: N tokens in S s (T tok/s)' line from $ZAYA in $ERR"
+            [ -n "$D" ] || die "no 'decode: N tokens in S s (T tok/s)' line from $ZAYA in $ERR"
+            B_NEXT="$(bw_now "$t")"; BWS[$t]+=" $B_NEXT"
+            RATIO="$(awk -v d="$D" -v a="$B_PREV" -v b="$B_NEXT" -v n="$BPT" 'BEGIN { printf "%.2f", d / ((a > b ? a : b) * 1e9 / n) }')"
+            note "  load $L s, prefill $P tok/s, decode $D tok/s, peak RSS $R GiB; read $B_PREV / $B_NEXT GB/s around it: decode / ceiling $RATIO"
+            PRE[$t]="$(awk -v a="${PRE[$t]}" -v b="$P" 'BEGIN { print (b > a ? b : a) }')"
+            DEC[$t]="$(awk -v a="${DEC[$t]}" -v b="$D" 'BEGIN { print (b > a ? b : a) }')"
+            BW[$t]="$(awk -v a="${BW[$t]}" -v b="$B_NEXT" 'BEGIN { print (b > a ? b : a) }')"
+            RSS[$t]="$(awk -v a="${RSS[$t]}" -v b="$R" 'BEGIN { print (b > a ? b : a) }')"
+            DECS[$t]+="${DECS[$t]:+ }$D"; RATIOS[$t]+="${RATIOS[$t]:+ }$RATIO"; LOADS[$t]+="${LOADS[$t]:+ }$L"
+            B_PREV="$B_NEXT"
+        done
         if [ "$PEER" = 1 ] && [ "$DT" = int8 ]; then
             note "peer: llama-bench, $t thread(s), pp$NPROMPT + tg$NGEN, 3 repetitions ..."
             if ! "$PEER_BENCH" -m "$PEER_MODEL" -p "$NPROMPT" -n "$NGEN" -t "$t" -r 3 -mmp 0 -o csv \
@@ -210,36 +228,43 @@ print("%.2f %.2f" % (float(pp[0]), float(tg[0])) if pp and tg else "- -")' "$OUT
     {
         echo "### zaya.c $COMMIT, $DT blob ($BLOB_GB GB), $(date -u '+%Y-%m-%d %H:%M UTC')"
         echo
-        echo "Machine: $CPU, $NCPU cpus, $MEM; load average at the start $LOAD; busy processes during the"
-        echo "bandwidth measurement: ${BUSY0:-none}. Rows with other busy processes are not valid measurements."
+        echo "Machine: $CPU, $NCPU cpus, $MEM; load average at the start $LOAD; busy processes at the start:"
+        echo "${BUSY0:-none}. Rows with other busy processes are not valid measurements."
         echo "Checkpoint: $CKPT. Prompt $NPROMPT ids, $NGEN greedy tokens. Export: $EXP_WALL, peak RSS $EXP_RSS."
         echo "Bytes read per decoded token: $(awk -v b="$BPT" 'BEGIN { printf "%.3f GB", b / 1e9 }') (weights:"
         echo "attention + router + norms of every layer, one expert per layer, the whole LM head; KV cache excluded)."
         echo
         if [ "$PEER" = 1 ] && [ "$DT" = int8 ]; then
-            echo "llama.cpp: measured right after each zaya.c run by llama-bench on $PEER_MODEL"
+            echo "llama.cpp: measured right after the zaya.c runs at each thread count by llama-bench on $PEER_MODEL"
             echo "($(stat -L -c %s "$PEER_MODEL") bytes); its tg$NGEN starts from an empty context, ours after the $NPROMPT-id prompt."
         else
             echo "llama.cpp: the issue's figures (Q8_0, ZAYA port of PR #23112, another AMD EPYC Zen 4 2-vCPU machine),"
             echo "not measured in this run (set PEER_BENCH and PEER_MODEL to measure it)."
         fi
         echo
-        echo "| threads | prefill tok/s | decode tok/s | load s | peak RSS GiB | read GB/s | ceiling tok/s | decode / ceiling | llama.cpp decode | llama.cpp pp$NPROMPT | other busy processes |"
-        echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        echo "Each thread count: $ROUNDS runs, each between two bandwidth measurements (best of 3 passes) at that"
+        echo "thread count. prefill and decode: the best run; decode per run: every run in order. read GB/s:"
+        echo "the best measurement of that window; decode / ceiling: best decode over the ceiling from it; per run:"
+        echo "each run over the ceiling from the better of the two measurements around it."
+        echo
+        echo "| threads | prefill tok/s | decode tok/s | decode per run | load s | peak RSS GiB | read GB/s | ceiling tok/s | decode / ceiling | per run | llama.cpp decode | llama.cpp pp$NPROMPT | other busy processes |"
+        echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         for t in $THREADS; do
             if [ -n "${PEER_DEC[$t]:-}" ]; then PEER_D="${PEER_DEC[$t]}"; PEER_P="${PEER_PRE[$t]}"
             else case "$t" in 1) PEER_D="13.3-13.7"; PEER_P="35" ;; 2) PEER_D="17.2-17.5"; PEER_P="55-67" ;; *) PEER_D="-"; PEER_P="-" ;; esac
             fi
-            awk -v t="$t" -v p="${PRE[$t]}" -v d="${DEC[$t]}" -v l="${LOADS[$t]}" -v r="${RSS[$t]}" \
-                -v bw="${BW[$t]}" -v b="$BPT" -v pd="$PEER_D" -v pp="$PEER_P" -v la="${RUNBUSY[$t]:-none}" 'BEGIN {
+            awk -v t="$t" -v p="${PRE[$t]}" -v d="${DEC[$t]}" -v ds="${DECS[$t]}" -v l="${LOADS[$t]}" -v r="${RSS[$t]}" \
+                -v bw="${BW[$t]}" -v b="$BPT" -v rs="${RATIOS[$t]}" -v pd="$PEER_D" -v pp="$PEER_P" -v la="${RUNBUSY[$t]:-none}" 'BEGIN {
                 c = bw * 1e9 / b
-                printf "| %d | %.2f | %.2f | %.2f | %s | %.2f | %.2f | %.2f | %s | %s | %s |\n", t, p, d, l, r, bw, c, d / c, pd, pp, la }'
+                printf "| %d | %.2f | %.2f | %s | %s | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s |\n", t, p, d, ds, l, r, bw, c, d / c, rs, pd, pp, la }'
         done
+        echo
+        for t in $THREADS; do echo "Read GB/s at $t thread(s), in order around the runs: ${BWS[$t]}."; done
         echo
         echo "Bytes per token by part:"
         echo
         cat "$OUT/bytes-$DT.md"
     } | tee "$RES"
     note "saved $RES"
-    unset PRE DEC LOADS RSS RUNBUSY PEER_PRE PEER_DEC
+    unset PRE DEC DECS LOADS RSS RUNBUSY BW BWS RATIOS PEER_PRE PEER_DEC
 done
