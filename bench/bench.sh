@@ -110,11 +110,10 @@ IDS="$(awk -v n="$NPROMPT" 'BEGIN { x = 12345; s = "2";
 
 LOAD="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
 # other processes on a 2-core machine ruin the 2-thread numbers (OpenMP threads wait on a busy core)
-# (ps %cpu = cpu time / lifetime of each process; anything above 20% that is not us or this
-# pipeline's own ps/awk/head counts)
-busy_list() {
-    ps -eo pcpu=,pid=,comm= --sort=-pcpu 2>/dev/null \
-        | awk -v me=$$ '$1 > 20 && $2 != me && $3 !~ /^(ps|awk|head)$/ { printf " %s(%s%%)", $3, $1 }' | head -c 200
+# (ps %cpu = cpu time / lifetime of each process; anything above 20% that is not us counts)
+busy_list() {   # (processes younger than 2 s, such as this subshell, show a meaningless %cpu)
+    ps -eo pcpu=,etimes=,pid=,comm= --sort=-pcpu 2>/dev/null \
+        | awk -v me=$$ '$1 > 20 && $2 >= 2 && $3 != me { printf " %s(%s%%)", $4, $1 }' | head -c 200
 }
 BUSY0="$(busy_list)"
 [ -z "$BUSY0" ] || note "warning: the machine is busy:$BUSY0 — bandwidth and speed will be low"
