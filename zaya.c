@@ -195,9 +195,10 @@ static float dot_f32(const float *w, const float *x, int n) {
  * Both are in the interleaved order: in a block of 8 groups, position p belongs to group p/2 % 8,
  * so 16-bit lanes pair up into 8 int32 lanes, one per group, and no horizontal sums are needed.
  * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
-#ifndef PREFETCH_AHEAD   /* bytes: software prefetch distance of the weight stream (1024: 20-30% slower decode on Zen 4) */
-#define PREFETCH_AHEAD 4096
-#endif
+/* PREFETCH_AHEAD (bytes, off unless defined at build time): a software prefetch of the weight stream
+ * into L1 that far ahead. The hardware prefetchers alone gave the fastest decode on the Zen 4 VM
+ * on 2026-11-24 (1 thread 15-16 tok/s; 4096 ahead 10.4-10.9; 8192 into L2 13.8-15.0, same run),
+ * although 4096 had been 20-25% faster than 1024 there two days before: measure with bench/ first. */
 static inline __attribute__((always_inline)) void
 dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
          const float *xs, size_t xs_stride, int n, int group) {
@@ -214,7 +215,9 @@ dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16
             for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = _mm512_setzero_si512();
             const int8_t *wb = w + (size_t)b * block;
             for (int s = 0; s < block; s += 64) {
+#ifdef PREFETCH_AHEAD
                 _mm_prefetch((const char *)(wb + s + PREFETCH_AHEAD), _MM_HINT_T0);
+#endif
                 __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s)));
                 __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s + 32)));
                 for (int t = 0; t < nt; t++) {
