@@ -11,7 +11,9 @@
 #       bandwidth at N threads (bench/bandwidth.c, best of 3 passes), then runs `ZAYA OUT.bin --ids
 #       <128 ids> -n 64 -t 0 --threads N --print-ids` and parses the engine's stderr report (`load: S s`,
 #       `prefill: N tokens in S s (T tok/s)`, `decode: N tokens in S s (T tok/s)`) and peak RSS; one
-#       more bandwidth measurement closes the window, so every run has one just before and after it,
+#       more bandwidth measurement closes the window, so every run has one just before and after it;
+#       then the paired measurement (bench/decode_vs_read.c): NGEN decode steps, each followed by a
+#       plain read of the weight bytes it reads, in one process (the ratio that host drift cannot skew),
 #   (d) computes the weight bytes read per decoded token from the blob's tensor directory
 #       (bench/bytes_per_token.py), the ceiling = bandwidth / bytes per token and decode / ceiling,
 #   (e) prints a markdown table (also saved to OUT/results-DTYPE.md) next to the llama.cpp peer numbers.
@@ -40,7 +42,7 @@ die() { echo "bench.sh: error: $*" >&2; exit 1; }
 note() { echo "bench.sh: $*" >&2; }
 
 usage() {
-    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -135,6 +137,12 @@ bw_now() {   # read bandwidth at $1 threads now: best of 3 passes over a 2 GiB b
     echo "$gbs"
 }
 
+# the paired measurement (decode steps alternating with plain reads of the same weight bytes)
+DVR_BIN="$OUT/decode_vs_read"
+(cd "$REPO" && "$CC" -O3 -march=native -fopenmp -std=c11 -DZAYA_NO_MAIN -I. -o "$DVR_BIN" \
+    bench/decode_vs_read.c zaya.c tokenizer.c trace.c -lm) || die "cannot build bench/decode_vs_read.c"
+case " ${ZAYA_FLAGS---hugepages} " in *" --hugepages "*) DVR_FLAGS="" ;; *) DVR_FLAGS="--no-hugepages" ;; esac
+
 # ---------------------------------------------------------------- per dtype
 for DT in $DTYPES; do
     BLOB="$OUT/zaya-$DT.bin"
@@ -171,7 +179,7 @@ for DT in $DTYPES; do
         tail -5 "$OUT/warmup-$DT.log" >&2; die "$ZAYA failed on $BLOB (log: $OUT/warmup-$DT.log)"; }
 
     # (c) the runs
-    declare -A PRE DEC DECS LOADS RSS RUNBUSY BW BWS RATIOS PEER_PRE PEER_DEC
+    declare -A PRE DEC DECS LOADS RSS RUNBUSY BW BWS RATIOS PEER_PRE PEER_DEC PAIRED
     for t in $THREADS; do
         # ROUNDS runs, each between two bandwidth measurements at the same thread count: a run's
         # ceiling is the better of the two around it; the table's is the best of the window
@@ -204,6 +212,13 @@ for DT in $DTYPES; do
             DECS[$t]+="${DECS[$t]:+ }$D"; RATIOS[$t]+="${RATIOS[$t]:+ }$RATIO"; LOADS[$t]+="${LOADS[$t]:+ }$L"
             B_PREV="$B_NEXT"
         done
+        note "paired: $NGEN decode steps, each followed by a plain read of the bytes it reads, $t thread(s) ..."
+        # shellcheck disable=SC2086   # DVR_FLAGS is empty or one flag
+        DVR="$("$DVR_BIN" "$BLOB" --threads "$t" -n "$NGEN" --prompt "$NPROMPT" $DVR_FLAGS 2>"$OUT/paired-$DT-t$t.err")" \
+            || { tail -5 "$OUT/paired-$DT-t$t.err" >&2; die "decode_vs_read failed ($OUT/paired-$DT-t$t.err)"; }
+        PAIRED[$t]="$(awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+            printf "%s (median %s; %s tok/s at %s GB/s)", v["ratio"], v["ratio_median"], v["decode_tok/s"], v["read_GB/s"] }' <<<"$DVR")"
+        note "  paired decode / read: ${PAIRED[$t]}"
         if [ "$PEER" = 1 ] && [ "$DT" = int8 ]; then
             note "peer: llama-bench, $t thread(s), pp$NPROMPT + tg$NGEN, 3 repetitions ..."
             if ! "$PEER_BENCH" -m "$PEER_MODEL" -p "$NPROMPT" -n "$NGEN" -t "$t" -r 3 -mmp 0 -o csv \
@@ -244,18 +259,20 @@ print("%.2f %.2f" % (float(pp[0]), float(tg[0])) if pp and tg else "- -")' "$OUT
         echo "Each thread count: $ROUNDS runs, each between two bandwidth measurements (best of 3 passes) at that"
         echo "thread count. prefill and decode: the best run; decode per run: every run in order. read GB/s:"
         echo "the best measurement of that window; decode / ceiling: best decode over the ceiling from it; per run:"
-        echo "each run over the ceiling from the better of the two measurements around it."
+        echo "each run over the ceiling from the better of the two measurements around it. paired: bench/decode_vs_read.c,"
+        echo "$NGEN decode steps each followed by a plain read of the same weight bytes (same process, memory and threads):"
+        echo "total read time / total decode time, the median of the per-step ratios, and the two speeds."
         echo
-        echo "| threads | prefill tok/s | decode tok/s | decode per run | load s | peak RSS GiB | read GB/s | ceiling tok/s | decode / ceiling | per run | llama.cpp decode | llama.cpp pp$NPROMPT | other busy processes |"
-        echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        echo "| threads | prefill tok/s | decode tok/s | decode per run | load s | peak RSS GiB | read GB/s | ceiling tok/s | decode / ceiling | per run | paired decode / read | llama.cpp decode | llama.cpp pp$NPROMPT | other busy processes |"
+        echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         for t in $THREADS; do
             if [ -n "${PEER_DEC[$t]:-}" ]; then PEER_D="${PEER_DEC[$t]}"; PEER_P="${PEER_PRE[$t]}"
             else case "$t" in 1) PEER_D="13.3-13.7"; PEER_P="35" ;; 2) PEER_D="17.2-17.5"; PEER_P="55-67" ;; *) PEER_D="-"; PEER_P="-" ;; esac
             fi
             awk -v t="$t" -v p="${PRE[$t]}" -v d="${DEC[$t]}" -v ds="${DECS[$t]}" -v l="${LOADS[$t]}" -v r="${RSS[$t]}" \
-                -v bw="${BW[$t]}" -v b="$BPT" -v rs="${RATIOS[$t]}" -v pd="$PEER_D" -v pp="$PEER_P" -v la="${RUNBUSY[$t]:-none}" 'BEGIN {
+                -v bw="${BW[$t]}" -v b="$BPT" -v rs="${RATIOS[$t]}" -v pr="${PAIRED[$t]}" -v pd="$PEER_D" -v pp="$PEER_P" -v la="${RUNBUSY[$t]:-none}" 'BEGIN {
                 c = bw * 1e9 / b
-                printf "| %d | %.2f | %.2f | %s | %s | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s |\n", t, p, d, ds, l, r, bw, c, d / c, rs, pd, pp, la }'
+                printf "| %d | %.2f | %.2f | %s | %s | %s | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |\n", t, p, d, ds, l, r, bw, c, d / c, rs, pr, pd, pp, la }'
         done
         echo
         for t in $THREADS; do echo "Read GB/s at $t thread(s), in order around the runs: ${BWS[$t]}."; done

@@ -29,6 +29,7 @@ TESTS = [
     ("walkthrough", [sys.executable, "test/test_walkthrough.py"]),
     ("bad_input", [sys.executable, "test/test_bad_input.py"]),
     ("fuzz", [sys.executable, "test/test_fuzz.py"]),
+    ("bench", [sys.executable, "test/test_bench.py"]),
 ]
 
 

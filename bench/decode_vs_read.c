@@ -1,0 +1,267 @@
+/* decode_vs_read.c - decode speed against a plain read of the same weight bytes, token by token.
+ *
+ * Build (bench.sh does this):
+ *   cc -O3 -march=native -fopenmp -DZAYA_NO_MAIN -I. -o build/decode_vs_read bench/decode_vs_read.c \
+ *      zaya.c tokenizer.c trace.c -lm
+ * Run:
+ *   build/decode_vs_read MODEL.bin [-n 64] [--threads N] [--prompt 128] [--no-hugepages]
+ *
+ * The ceiling of a weight-streaming decoder is (read bandwidth) / (bytes one step reads). On a shared
+ * host the bandwidth moves by tens of percent within seconds, so a figure measured before or after a
+ * run compares the run with another machine. Here the two alternate: after a prompt of P ids (BOS and
+ * the fixed pseudo-random ids of bench.sh), each of n greedy decode steps (zaya_forward) is followed
+ * by one plain read of the weight bytes a decode step reads, in the same process, from the same
+ * (huge-page) memory, with the same number of threads, in the same order (layer 0 .. LM head):
+ *   per layer every attention, router, norm and residual-scale tensor and ONE expert's gate_up and
+ *   down rows (with their int8 scales), then the whole LM head, the final norm and one embedding row
+ * (the bytes of bench/bytes_per_token.py, which this checks: the totals must agree). The read splits
+ * those bytes into T contiguous equal shares, one per thread, summed as 64-bit words (AVX-512 loads
+ * where available), like bench/bandwidth.c. Each step's pair is a few tens of milliseconds apart.
+ *
+ * stdout, one machine-readable line:
+ *   decode_vs_read threads=1 steps=64 bytes_per_token=1490612320 decode_tok/s=15.2 read_GB/s=30.1
+ *       ceiling_tok/s=20.2 ratio=0.75 ratio_median=0.76 ratio_min=0.70 ratio_max=0.80
+ * ratio = total read time / total decode time (= decode tok/s / ceiling tok/s); the per-step ratios
+ * give the median, min and max. A skip-expert layer reads no expert in decode, so the read is the
+ * upper bound of a step and the ratio a lower bound. Errors: a message on stderr, exit 1; usage: 2.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "zaya.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *msg, const char *detail) {
+    fprintf(stderr, "decode_vs_read: %s%s%s\n", msg, detail ? ": " : "", detail ? detail : "");
+    exit(1);
+}
+
+/* ---------------------------------------------------------------- the bytes of one decode step */
+typedef struct { const unsigned char *p; size_t n; } Range;
+typedef struct { Range *r; int n, cap; size_t bytes; } Ranges;
+
+static void add(Ranges *rs, const void *p, size_t n) {
+    if (!p || !n) return;
+    if (rs->n == rs->cap) {
+        rs->cap = rs->cap ? 2 * rs->cap : 1024;
+        rs->r = realloc(rs->r, sizeof *rs->r * (size_t)rs->cap);
+        if (!rs->r) die("out of memory", NULL);
+    }
+    rs->r[rs->n++] = (Range){p, n};
+    rs->bytes += n;
+}
+
+static void add_vector(Ranges *rs, const float *v, int n) { add(rs, v, sizeof(float) * (size_t)n); }
+
+/* rows [row0, row0 + nrows) of a matrix: its values and, for int8, their group scales */
+static void add_rows(Ranges *rs, const ZayaMatrix *w, int row0, int nrows) {
+    const size_t first = (size_t)row0 * (size_t)w->cols, count = (size_t)nrows * (size_t)w->cols;
+    const size_t esize = w->dtype == ZAYA_F32 ? 4 : w->dtype == ZAYA_BF16 ? 2 : 1;
+    add(rs, (const unsigned char *)w->data + first * esize, count * esize);
+    if (w->dtype == ZAYA_Q8) add(rs, w->scales + first / (size_t)w->group_size, sizeof(float) * (count / (size_t)w->group_size));
+}
+static void add_matrix(Ranges *rs, const ZayaMatrix *w) { add_rows(rs, w, 0, w->rows); }
+
+static void add_residual_scale(Ranges *rs, const ZayaResidualScale *p, int H) {
+    add_vector(rs, p->hidden_states_scale, H);
+    add_vector(rs, p->hidden_states_bias, H);
+    add_vector(rs, p->residual_scale, H);
+    add_vector(rs, p->residual_bias, H);
+}
+
+static Ranges step_ranges(const ZayaModel *m) {
+    const ZayaConfig *c = &m->config;
+    const int H = c->hidden_size, d = c->head_dim, C = (c->num_heads + c->num_kv_heads) * d;
+    const int R = c->router_hidden, E = c->num_experts, I = c->moe_intermediate;
+    Ranges rs = {0};
+    add_rows(&rs, &m->embed_tokens, 0, 1);                  /* the input token's embedding row */
+    add_vector(&rs, m->input_hidden_states_scale, H);
+    add_vector(&rs, m->input_hidden_states_bias, H);
+    for (int l = 0; l < c->num_layers; l++) {
+        const ZayaLayer *L = &m->layers[l];
+        add_vector(&rs, L->input_layernorm, H);
+        add_matrix(&rs, &L->q_proj);
+        add_matrix(&rs, &L->k_proj);
+        add_matrix(&rs, &L->v_proj_current);
+        add_matrix(&rs, &L->v_proj_delayed);
+        add_vector(&rs, L->conv_qk_depthwise_weight, C * c->cca_time0);
+        add_vector(&rs, L->conv_qk_depthwise_bias, C);
+        add_vector(&rs, L->conv_qk_grouped_weight, C * d * c->cca_time1);
+        add_vector(&rs, L->conv_qk_grouped_bias, C);
+        add_vector(&rs, L->qk_norm_temp, c->num_kv_heads);
+        add_matrix(&rs, &L->o_proj);
+        add_residual_scale(&rs, &L->post_attention_residual_scale, H);
+        add_vector(&rs, L->post_attention_layernorm, H);
+        add_matrix(&rs, &L->router_down_proj);
+        add_vector(&rs, L->router_down_proj_bias, R);
+        add_vector(&rs, L->router_states_scale, R);        /* NULL at layer 0: adds nothing */
+        add_vector(&rs, L->router_norm, R);
+        add_matrix(&rs, &L->router_fc1);
+        add_vector(&rs, L->router_fc1_bias, R);
+        add_matrix(&rs, &L->router_fc2);
+        add_vector(&rs, L->router_fc2_bias, R);
+        add_matrix(&rs, &L->router_out_proj);
+        add_vector(&rs, L->balancing_biases, E + 1);
+        const int e = l % E;                               /* one expert: any one has the same bytes */
+        add_rows(&rs, &L->experts_gate_up, e * 2 * I, 2 * I);
+        add_rows(&rs, &L->experts_down, e * H, H);
+        add_residual_scale(&rs, &L->post_mlp_residual_scale, H);
+    }
+    add_vector(&rs, m->norm, H);
+    add_matrix(&rs, &m->embed_tokens);                      /* the tied LM head, all rows */
+    return rs;
+}
+
+/* ---------------------------------------------------------------- the plain read */
+static uint64_t read_sum(const unsigned char *p, size_t n) {
+    uint64_t s = 0;
+    size_t i = 0;
+#ifdef __AVX512F__
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 256 <= n; i += 256) {   /* 4 independent chains of 64-byte loads */
+        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512((const void *)(p + i)));
+        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512((const void *)(p + i + 64)));
+        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512((const void *)(p + i + 128)));
+        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512((const void *)(p + i + 192)));
+    }
+    s = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+#else
+    uint64_t w[8] = {0};
+    for (; i + 64 <= n; i += 64)
+        for (int k = 0; k < 8; k++) {
+            uint64_t v;
+            memcpy(&v, p + i + 8 * k, 8);
+            w[k] += v;
+        }
+    for (int k = 0; k < 8; k++) s += w[k];
+#endif
+    for (; i < n; i++) s += p[i];
+    return s;
+}
+
+/* bytes [from, to) of the concatenated ranges */
+static uint64_t read_share(const Ranges *rs, size_t from, size_t to) {
+    uint64_t s = 0;
+    size_t base = 0;
+    for (int i = 0; i < rs->n && base < to; base += rs->r[i++].n) {
+        const size_t a = from > base ? from - base : 0, b = to - base < rs->r[i].n ? to - base : rs->r[i].n;
+        if (a < b) s += read_sum(rs->r[i].p + a, b - a);
+    }
+    return s;
+}
+
+static volatile uint64_t sink;   /* keeps the sums alive */
+
+static double read_pass(const Ranges *rs) {
+    const double t0 = now_s();
+    uint64_t total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+        int me = 0, nth = 1;
+#ifdef _OPENMP
+        me = omp_get_thread_num(), nth = omp_get_num_threads();
+#endif
+        total += read_share(rs, rs->bytes * (size_t)me / (size_t)nth, rs->bytes * (size_t)(me + 1) / (size_t)nth);
+    }
+    sink += total;
+    return now_s() - t0;
+}
+
+/* ---------------------------------------------------------------- main */
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static long arg_long(const char *flag, const char *v, long lo, long hi) {
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "decode_vs_read: %s needs a number in %ld..%ld (got '%s')\n", flag, lo, hi, v);
+        exit(2);
+    }
+    return x;
+}
+
+int main(int argc, char **argv) {
+    const char *path = NULL;
+    int steps = 64, prompt = 128, threads = 0, huge = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-n") && i + 1 < argc) steps = (int)arg_long(a, argv[++i], 1, 100000);
+        else if (!strcmp(a, "--prompt") && i + 1 < argc) prompt = (int)arg_long(a, argv[++i], 1, 100000);
+        else if (!strcmp(a, "--threads") && i + 1 < argc) threads = (int)arg_long(a, argv[++i], 1, 1024);
+        else if (!strcmp(a, "--no-hugepages")) huge = 0;
+        else if (a[0] != '-' && !path) path = a;
+        else {
+            fprintf(stderr, "usage: decode_vs_read MODEL.bin [-n 64] [--threads N] [--prompt 128] [--no-hugepages]\n");
+            return 2;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "usage: decode_vs_read MODEL.bin [-n 64] [--threads N] [--prompt 128] [--no-hugepages]\n");
+        return 2;
+    }
+#ifdef _OPENMP
+    if (threads) omp_set_num_threads(threads);
+    threads = omp_get_max_threads();
+#else
+    threads = 1;
+#endif
+    char err[1024];
+    ZayaModel m;
+    ZayaState s;
+    if (zaya_load(&m, path, huge ? ZAYA_LOAD_HUGEPAGES : 0, err, sizeof err) != 0) die(err, NULL);
+    if (zaya_state_init(&s, &m, prompt + steps + 1, err, sizeof err) != 0) die(err, NULL);
+    const Ranges rs = step_ranges(&m);
+
+    /* the prompt of bench.sh: BOS, then ids 300..200299 from the same LCG */
+    int *ids = malloc(sizeof(int) * (size_t)prompt);
+    if (!ids) die("out of memory", NULL);
+    ids[0] = m.config.bos_id;
+    for (long i = 1, x = 12345; i < prompt; i++) {
+        x = (x * 1103515245L + 12345) % 2147483648L;
+        ids[i] = (int)(300 + x % 200000) % m.config.vocab_size;
+    }
+    if (zaya_prefill(&m, &s, ids, prompt, err, sizeof err) != 0) die(err, NULL);
+    read_pass(&rs);   /* warm-up */
+
+    double *ratio = malloc(sizeof(double) * (size_t)steps), t_decode = 0, t_read = 0;
+    if (!ratio) die("out of memory", NULL);
+    for (int i = 0; i < steps; i++) {
+        int next = 0;   /* greedy */
+        for (int v = 1; v < m.config.vocab_size; v++) if (s.logits[v] > s.logits[next]) next = v;
+        const double t0 = now_s();
+        if (zaya_forward(&m, &s, next, err, sizeof err) != 0) die(err, NULL);
+        const double td = now_s() - t0, tr = read_pass(&rs);
+        t_decode += td;
+        t_read += tr;
+        ratio[i] = tr / td;
+    }
+    qsort(ratio, (size_t)steps, sizeof *ratio, cmp_double);
+    const double tok_s = steps / t_decode, gbs = rs.bytes * (double)steps / t_read / 1e9;
+    printf("decode_vs_read threads=%d steps=%d bytes_per_token=%zu decode_tok/s=%.2f read_GB/s=%.2f "
+           "ceiling_tok/s=%.2f ratio=%.3f ratio_median=%.3f ratio_min=%.3f ratio_max=%.3f\n",
+           threads, steps, rs.bytes, tok_s, gbs, gbs * 1e9 / rs.bytes, t_read / t_decode,
+           ratio[steps / 2], ratio[0], ratio[steps - 1]);
+    free(ratio);
+    free(ids);
+    free(rs.r);
+    zaya_state_free(&s);
+    zaya_free(&m);
+    return 0;
+}

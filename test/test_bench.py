@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""test_bench.py - bench/decode_vs_read.c on small blobs (its speed numbers are not checked here).
+
+decode_vs_read reads, after each decode step, the weight bytes a decode step reads; its
+bytes_per_token must equal bench/bytes_per_token.py's total for the same blob (the two count those
+bytes independently: one from the loaded model's tensors, one from the blob's tensor directory).
+Checked on the public fixture at fp32, bf16 and int8, and on an odd-dimension checkpoint from
+bench/make_checkpoint.py (hidden 50, 5 experts, expert width 27: int8 groups that do not fill a
+block); at 1 and 2 threads; plus its usage and error exits. Needs build/decode_vs_read (make test).
+"""
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import BUILD, ROOT, check, finish, need_fixtures, run  # noqa: E402
+from test_dims import small_tokenizer  # noqa: E402
+
+EXE = os.path.join(ROOT, "build", "decode_vs_read")
+LINE = re.compile(r"^decode_vs_read threads=(\d+) steps=(\d+) bytes_per_token=(\d+) decode_tok/s=([0-9.]+) "
+                  r"read_GB/s=([0-9.]+) ceiling_tok/s=([0-9.]+) ratio=([0-9.]+) ratio_median=([0-9.]+) "
+                  r"ratio_min=([0-9.]+) ratio_max=([0-9.]+)$")
+
+
+def python_total(blob):
+    rc, out, err = run(["python3", "bench/bytes_per_token.py", blob])
+    m = re.search(r"total=(\d+)", out)
+    return int(m.group(1)) if rc == 0 and m else None
+
+
+def paired(label, blob, threads, steps=3):
+    rc, out, err = run([EXE, blob, "-n", str(steps), "--prompt", "4", "--threads", str(threads), "--no-hugepages"])
+    m = LINE.match(out.strip())
+    if not check(rc == 0 and m is not None, f"{label}: one report line at {threads} thread(s)",
+                 f"exit {rc}, stdout {out.strip()[:300]!r}, stderr {err.strip()[-300:]!r}"):
+        return
+    want = python_total(blob)
+    check(int(m.group(3)) == want, f"{label}: bytes per token = bytes_per_token.py's total ({want})",
+          f"decode_vs_read counts {m.group(3)}")
+    check(int(m.group(1)) == threads and int(m.group(2)) == steps, f"{label}: threads and steps as asked",
+          out.strip())
+    ok = all(float(m.group(i)) > 0 for i in range(4, 11)) and float(m.group(9)) <= float(m.group(8)) <= float(m.group(10))
+    check(ok, f"{label}: speeds and ratios positive, min <= median <= max", out.strip())
+
+
+def main():
+    check(os.path.exists(EXE), "build/decode_vs_read exists", "run: make test (it builds it)")
+    if not os.path.exists(EXE):
+        finish()
+    ckpt = need_fixtures("public", "checkpoint_native")
+    os.makedirs(BUILD, exist_ok=True)
+    for dtype in ("fp32", "bf16", "int8"):
+        blob = os.path.join(BUILD, f"bench_public_{dtype}.bin")
+        rc, _, err = run(["python3", "export_weights.py", ckpt, blob, "--dtype", dtype])
+        if check(rc == 0, f"export the public fixture ({dtype})", err[-500:]):
+            paired(f"public {dtype}", blob, 1)
+    paired("public int8", os.path.join(BUILD, "bench_public_int8.bin"), 2)
+
+    odd = os.path.join(BUILD, "bench_odd")
+    tok = small_tokenizer(need_fixtures("tokenizer", "model"), os.path.join(BUILD, "bench_tokenizer_1000"))
+    rc, _, err = run(["python3", "bench/make_checkpoint.py", odd, "--hidden", "50", "--layers", "3", "--heads", "2",
+                      "--kv-heads", "2", "--head-dim", "16", "--experts", "5", "--moe-intermediate", "27",
+                      "--router-hidden", "13", "--vocab", "997", "--cca-time0", "2", "--cca-time1", "3",
+                      "--skip-bias", "0.04", "--seed", "3", "--tokenizer-dir", tok, "--force", "--quiet"])
+    if check(rc == 0, "make_checkpoint: odd dimensions", err[-500:]):
+        blob = odd + "_int8.bin"
+        rc, _, err = run(["python3", "export_weights.py", odd, blob, "--dtype", "int8", "--chat-format", "none"])
+        if check(rc == 0, "export the odd-dimension checkpoint (int8)", err[-500:]):
+            paired("odd int8", blob, 1, steps=5)
+            paired("odd int8", blob, 2, steps=5)
+
+    rc, out, err = run([EXE])
+    check(rc == 2 and "usage" in err, "no arguments: usage, exit 2", f"exit {rc}, {err.strip()[:200]!r}")
+    rc, out, err = run([EXE, os.path.join(BUILD, "bench_public_int8.bin"), "-n", "zero"])
+    check(rc == 2 and "-n needs a number" in err, "bad -n: what was wrong, exit 2", f"exit {rc}, {err.strip()[:200]!r}")
+    rc, out, err = run([EXE, os.path.join(BUILD, "no_such_blob.bin")])
+    check(rc == 1 and "cannot open" in err and "hint" in err, "missing blob: the loader's message and hint, exit 1",
+          f"exit {rc}, {err.strip()[:200]!r}")
+    finish()
+
+
+if __name__ == "__main__":
+    main()
