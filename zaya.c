@@ -225,6 +225,8 @@ dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16
             __m512i isum0[DOT_TOKENS], isum1[DOT_TOKENS];
             for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = _mm512_setzero_si512();
             const int8_t *wb = w + (size_t)b * block;
+#pragma GCC unroll 8   /* a block of the default group size 64 in one pass: decode 12% faster on Zen 4
+                          (ratio to a paired read 0.87 vs 0.77, 1 thread; 0.75 vs 0.65 at 2) */
             for (int s = 0; s < block; s += 64) {
 #ifdef PREFETCH_AHEAD
                 _mm_prefetch((const char *)(wb + s + PREFETCH_AHEAD), _MM_HINT_T0);
