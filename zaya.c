@@ -48,7 +48,7 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
 
 /* Zeroed memory aligned to a cache line, for the buffers the kernels stream through: a 64-byte load
  * of activations then never straddles two lines (with calloc's 16-byte alignment the int8 kernel
- * ran 25% slower from L2 on Zen 4, and decode 5-10% slower). Freed with free(). */
+ * computed 41 GB/s from L2 on Zen 4 instead of 54). Freed with free(). */
 static void *calloc_lines(size_t n, size_t size) {
     if (size && n > (SIZE_MAX - 63) / size) return NULL;
     const size_t bytes = n * size > 0 ? (n * size + 63) / 64 * 64 : 64;
@@ -208,8 +208,9 @@ static float dot_f32(const float *w, const float *x, int n) {
  * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
 /* PREFETCH_AHEAD (bytes, off unless defined at build time): a software prefetch of the weight stream
  * into L1 that far ahead. The hardware prefetchers alone gave the fastest decode on the Zen 4 VM
- * on 2026-11-24 (1 thread 15-16 tok/s; 4096 ahead 10.4-10.9; 8192 into L2 13.8-15.0, same run),
- * although 4096 had been 20-25% faster than 1024 there two days before: measure with bench/ first. */
+ * (2026-11-24, 1 thread: 15-16 tok/s; 4096 ahead 10.4-10.9; 8192 into L2 13.8-15.0; with the unroll
+ * below, 4096 ahead: 0.66 of a paired read against 0.85), although 4096 had been 20-25% faster than
+ * 1024 there two days before: measure with bench/decode_vs_read.c before turning it on. */
 static inline __attribute__((always_inline)) void
 dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
          const float *xs, size_t xs_stride, int n, int group) {
@@ -690,7 +691,7 @@ static int read_directory(Loader *ld, const unsigned char *h, uint64_t data_off,
 
 /* --hugepages: the file's bytes copied into anonymous memory that the kernel may back with 2 MB
  * transparent huge pages. Streaming 9.5 GB of weights through 4 KB pages costs a TLB miss every 4 KB;
- * with huge pages decode of the 8B int8 blob ran 25-30% faster on AMD EPYC, 7-16% on Intel
+ * with huge pages decode of the 8B int8 blob ran 15-25% faster on AMD EPYC, 7-16% on Intel
  * (bench/README.md), at the price of a copy at load and RAM for the whole blob. */
 static void *copy_to_huge_pages(void *map, size_t size, size_t *alloc_size) {
     const size_t huge = (size_t)1 << 21;
