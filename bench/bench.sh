@@ -138,9 +138,8 @@ bw_now() {   # read bandwidth at $1 threads now: best of 3 passes over a 2 GiB b
 }
 
 # the paired measurement (decode steps alternating with plain reads of the same weight bytes)
-DVR_BIN="$OUT/decode_vs_read"
-(cd "$REPO" && "$CC" -O3 -march=native -fopenmp -std=c11 -DZAYA_NO_MAIN -I. -o "$DVR_BIN" \
-    bench/decode_vs_read.c zaya.c tokenizer.c trace.c -lm) || die "cannot build bench/decode_vs_read.c"
+DVR_BIN="$REPO/build/decode_vs_read"
+make -s -C "$REPO" CC="$CC" build/decode_vs_read >&2 || die "cannot build bench/decode_vs_read.c (make build/decode_vs_read)"
 case " ${ZAYA_FLAGS---hugepages} " in *" --hugepages "*) DVR_FLAGS="" ;; *) DVR_FLAGS="--no-hugepages" ;; esac
 
 # ---------------------------------------------------------------- per dtype
