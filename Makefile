@@ -32,7 +32,7 @@ build/test_kernels: test/test_kernels.c $(SRC) $(HDR)
 	$(CC) $(CFLAGS) $(WARN) -DZAYA_NO_MAIN -I. -o $@ test/test_kernels.c $(SRC) -lm
 
 # bench/decode_vs_read.c: decode steps alternating with plain reads of the same weight bytes (bench.sh)
-build/decode_vs_read: bench/decode_vs_read.c $(SRC) $(HDR)
+build/decode_vs_read: bench/decode_vs_read.c bench/read_sum.h $(SRC) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) -fopenmp $(WARN) -DZAYA_NO_MAIN -I. -o $@ bench/decode_vs_read.c $(SRC) -lm
 

@@ -208,7 +208,7 @@ static float dot_f32(const float *w, const float *x, int n) {
  * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
 /* PREFETCH_AHEAD (bytes, off unless defined at build time): a software prefetch of the weight stream
  * into L1 that far ahead. The hardware prefetchers alone gave the fastest decode on the Zen 4 VM
- * (2026-11-24, 1 thread: 15-16 tok/s; 4096 ahead 10.4-10.9; 8192 into L2 13.8-15.0; with the unroll
+ * (2026-11-24, 1 thread, same rounds: 15.1-16.2 tok/s; 4096 ahead 10.4-10.9; 8192 into L2 13.8-15.0; with the unroll
  * below, 4096 ahead: 0.66 of a paired read against 0.85), although 4096 had been 20-25% faster than
  * 1024 there two days before: measure with bench/decode_vs_read.c before turning it on. */
 static inline __attribute__((always_inline)) void
@@ -226,8 +226,8 @@ dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16
             __m512i isum0[DOT_TOKENS], isum1[DOT_TOKENS];
             for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = _mm512_setzero_si512();
             const int8_t *wb = w + (size_t)b * block;
-#pragma GCC unroll 8   /* a block of the default group size 64 in one pass: decode 12% faster on Zen 4
-                          (ratio to a paired read 0.87 vs 0.77, 1 thread; 0.75 vs 0.65 at 2) */
+#pragma GCC unroll 8   /* a block of the default group size 64 in one pass: decode ~12% faster on Zen 4
+                          (ratio to a paired read 0.86-0.87 vs 0.75-0.78, 1 thread; 0.75 vs 0.65 at 2) */
             for (int s = 0; s < block; s += 64) {
 #ifdef PREFETCH_AHEAD
                 _mm_prefetch((const char *)(wb + s + PREFETCH_AHEAD), _MM_HINT_T0);
@@ -691,7 +691,7 @@ static int read_directory(Loader *ld, const unsigned char *h, uint64_t data_off,
 
 /* --hugepages: the file's bytes copied into anonymous memory that the kernel may back with 2 MB
  * transparent huge pages. Streaming 9.5 GB of weights through 4 KB pages costs a TLB miss every 4 KB;
- * with huge pages decode of the 8B int8 blob ran 15-25% faster on AMD EPYC, 7-16% on Intel
+ * with huge pages decode of the 8B int8 blob ran 14-24% faster on AMD EPYC, 7-16% on Intel
  * (bench/README.md), at the price of a copy at load and RAM for the whole blob. */
 static void *copy_to_huge_pages(void *map, size_t size, size_t *alloc_size) {
     const size_t huge = (size_t)1 << 21;

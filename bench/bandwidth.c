@@ -24,12 +24,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#define KERNEL "avx512"
-#else
-#define KERNEL "portable"
-#endif
+#include "read_sum.h"   /* the read loop, shared with decode_vs_read.c */
 
 #define MAX_THREADS 256
 
@@ -37,33 +32,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* sum of the 64-bit words of p[0..n) (n a multiple of 64 bytes, p 64-byte aligned) */
-static uint64_t read_sum(const uint64_t *p, size_t n_words) {
-#ifdef __AVX512F__
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    size_t i = 0;
-    for (; i + 32 <= n_words; i += 32) { /* 256 bytes per iteration, 4 independent chains */
-        a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p + i)));
-        a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + i + 8)));
-        a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + i + 16)));
-        a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p + i + 24)));
-    }
-    a0 = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
-    uint64_t s = (uint64_t)_mm512_reduce_add_epi64(a0);
-    for (; i < n_words; i++) s += p[i];
-    return s;
-#else
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-    size_t i = 0;
-    for (; i + 8 <= n_words; i += 8) {
-        s0 += p[i];     s1 += p[i + 1]; s2 += p[i + 2]; s3 += p[i + 3];
-        s4 += p[i + 4]; s5 += p[i + 5]; s6 += p[i + 6]; s7 += p[i + 7];
-    }
-    for (; i < n_words; i++) s0 += p[i];
-    return s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
-#endif
 }
 
 typedef struct {
@@ -80,7 +48,7 @@ static void *worker(void *arg) {
     if (j->fill) {
         for (size_t i = 0; i < j->n_words; i++) j->p[i] = (uint64_t)i * 0x9E3779B97F4A7C15ull;
     } else {
-        j->sum = read_sum(j->p, j->n_words);
+        j->sum = read_sum((const unsigned char *)j->p, j->n_words * 8);
     }
     return NULL;
 }
@@ -184,7 +152,7 @@ int main(int argc, char **argv) {
     }
     for (int k = 0; k < n_threads; k++)
         printf("bandwidth threads=%d GB/s=%.2f MB=%zu runs=%d kernel=%s spread=%.1f%%\n", threads[k],
-               bytes / best[k] / 1e9, mb, runs, KERNEL, 100.0 * (worst[k] - best[k]) / worst[k]);
+               bytes / best[k] / 1e9, mb, runs, READ_SUM_KERNEL, 100.0 * (worst[k] - best[k]) / worst[k]);
     sink = sum;
     free(buf);
     return 0;

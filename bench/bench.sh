@@ -213,7 +213,7 @@ for DT in $DTYPES; do
         done
         note "paired: $NGEN decode steps, each followed by a plain read of the bytes it reads, $t thread(s) ..."
         # shellcheck disable=SC2086   # DVR_FLAGS is empty or one flag
-        DVR="$("$DVR_BIN" "$BLOB" --threads "$t" -n "$NGEN" --prompt "$NPROMPT" $DVR_FLAGS 2>"$OUT/paired-$DT-t$t.err")" \
+        DVR="$("$DVR_BIN" "$BLOB" --ids "$IDS" --threads "$t" -n "$NGEN" $DVR_FLAGS 2>"$OUT/paired-$DT-t$t.err")" \
             || { tail -5 "$OUT/paired-$DT-t$t.err" >&2; die "decode_vs_read failed ($OUT/paired-$DT-t$t.err)"; }
         PAIRED[$t]="$(awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
             printf "%s (median %s; %s tok/s at %s GB/s)", v["ratio"], v["ratio_median"], v["decode_tok/s"], v["read_GB/s"] }' <<<"$DVR")"

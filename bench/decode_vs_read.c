@@ -1,22 +1,20 @@
 /* decode_vs_read.c - decode speed against a plain read of the same weight bytes, token by token.
  *
- * Build (bench.sh does this):
- *   cc -O3 -march=native -fopenmp -DZAYA_NO_MAIN -I. -o build/decode_vs_read bench/decode_vs_read.c \
- *      zaya.c tokenizer.c trace.c -lm
+ * Build: make build/decode_vs_read (bench.sh and make test do this)
  * Run:
- *   build/decode_vs_read MODEL.bin [-n 64] [--threads N] [--prompt 128] [--no-hugepages]
+ *   build/decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--no-hugepages]
  *
  * The ceiling of a weight-streaming decoder is (read bandwidth) / (bytes one step reads). On a shared
  * host the bandwidth moves by tens of percent within seconds, so a figure measured before or after a
- * run compares the run with another machine. Here the two alternate: after a prompt of P ids (BOS and
- * the fixed pseudo-random ids of bench.sh), each of n greedy decode steps (zaya_forward) is followed
+ * run compares the run with another machine. Here the two alternate: after the prompt (--ids, bench.sh
+ * passes the ids of its runs; default: BOS alone), each of n greedy decode steps (zaya_forward) is followed
  * by one plain read of the weight bytes a decode step reads, in the same process, from the same
  * (huge-page) memory, with the same number of threads, in the same order (layer 0 .. LM head):
  *   per layer every attention, router, norm and residual-scale tensor and ONE expert's gate_up and
  *   down rows (with their int8 scales), then the whole LM head, the final norm and one embedding row
  * (the bytes of bench/bytes_per_token.py, which this checks: the totals must agree). The read splits
- * those bytes into T contiguous equal shares, one per thread, summed as 64-bit words (AVX-512 loads
- * where available), like bench/bandwidth.c. Each step's pair is a few tens of milliseconds apart.
+ * those bytes into T contiguous equal shares, one per thread, summed as 64-bit words by the read loop
+ * of bench/bandwidth.c (read_sum.h). Each step's pair is a few tens of milliseconds apart.
  *
  * stdout, one machine-readable line:
  *   decode_vs_read threads=1 steps=64 bytes_per_token=1490612320 decode_tok/s=15.2 read_GB/s=30.1
@@ -35,9 +33,8 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
+
+#include "read_sum.h"   /* the read loop of bandwidth.c */
 
 static double now_s(void) {
     struct timespec ts;
@@ -127,32 +124,6 @@ static Ranges step_ranges(const ZayaModel *m) {
 }
 
 /* ---------------------------------------------------------------- the plain read */
-static uint64_t read_sum(const unsigned char *p, size_t n) {
-    uint64_t s = 0;
-    size_t i = 0;
-#ifdef __AVX512F__
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (; i + 256 <= n; i += 256) {   /* 4 independent chains of 64-byte loads */
-        a0 = _mm512_add_epi64(a0, _mm512_loadu_si512((const void *)(p + i)));
-        a1 = _mm512_add_epi64(a1, _mm512_loadu_si512((const void *)(p + i + 64)));
-        a2 = _mm512_add_epi64(a2, _mm512_loadu_si512((const void *)(p + i + 128)));
-        a3 = _mm512_add_epi64(a3, _mm512_loadu_si512((const void *)(p + i + 192)));
-    }
-    s = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
-#else
-    uint64_t w[8] = {0};
-    for (; i + 64 <= n; i += 64)
-        for (int k = 0; k < 8; k++) {
-            uint64_t v;
-            memcpy(&v, p + i + 8 * k, 8);
-            w[k] += v;
-        }
-    for (int k = 0; k < 8; k++) s += w[k];
-#endif
-    for (; i < n; i++) s += p[i];
-    return s;
-}
-
 /* bytes [from, to) of the concatenated ranges */
 static uint64_t read_share(const Ranges *rs, size_t from, size_t to) {
     uint64_t s = 0;
@@ -187,6 +158,11 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static void usage(void) {
+    fprintf(stderr, "usage: decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--no-hugepages]\n");
+    exit(2);
+}
+
 static long arg_long(const char *flag, const char *v, long lo, long hi) {
     char *end;
     long x = strtol(v, &end, 10);
@@ -198,45 +174,48 @@ static long arg_long(const char *flag, const char *v, long lo, long hi) {
 }
 
 int main(int argc, char **argv) {
-    const char *path = NULL;
-    int steps = 64, prompt = 128, threads = 0, huge = 1;
+    const char *path = NULL, *id_list = NULL;
+    int steps = 64, threads = 0, huge = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-n") && i + 1 < argc) steps = (int)arg_long(a, argv[++i], 1, 100000);
-        else if (!strcmp(a, "--prompt") && i + 1 < argc) prompt = (int)arg_long(a, argv[++i], 1, 100000);
+        else if (!strcmp(a, "--ids") && i + 1 < argc) id_list = argv[++i];
         else if (!strcmp(a, "--threads") && i + 1 < argc) threads = (int)arg_long(a, argv[++i], 1, 1024);
         else if (!strcmp(a, "--no-hugepages")) huge = 0;
         else if (a[0] != '-' && !path) path = a;
-        else {
-            fprintf(stderr, "usage: decode_vs_read MODEL.bin [-n 64] [--threads N] [--prompt 128] [--no-hugepages]\n");
-            return 2;
-        }
+        else usage();
     }
-    if (!path) {
-        fprintf(stderr, "usage: decode_vs_read MODEL.bin [-n 64] [--threads N] [--prompt 128] [--no-hugepages]\n");
-        return 2;
-    }
+    if (!path) usage();
 #ifdef _OPENMP
     if (threads) omp_set_num_threads(threads);
     threads = omp_get_max_threads();
 #else
     threads = 1;
 #endif
+    /* the prompt: comma-separated ids (range-checked by zaya_prefill), or BOS alone;
+     * read before the load, which takes seconds for the 8B blob */
+    int prompt = 1;
+    char *end;
+    for (const char *c = id_list; c && *c; c++) prompt += *c == ',';
+    int *ids = malloc(sizeof(int) * (size_t)prompt);
+    if (!ids) die("out of memory", NULL);
+    const char *v = id_list;
+    for (int i = 0; id_list && i < prompt; i++, v = end + 1) {   /* strtol's end is the next ',' */
+        end = NULL;
+        const long x = strtol(v, &end, 10);
+        if (end == v || (*end && *end != ',') || x < 0 || x > 2147483647L) {
+            fprintf(stderr, "decode_vs_read: --ids: item %d is not a token id (got '%.20s')\n", i + 1, v);
+            exit(2);
+        }
+        ids[i] = (int)x;
+    }
     char err[1024];
     ZayaModel m;
     ZayaState s;
     if (zaya_load(&m, path, huge ? ZAYA_LOAD_HUGEPAGES : 0, err, sizeof err) != 0) die(err, NULL);
+    if (!id_list) ids[0] = m.config.bos_id;
     if (zaya_state_init(&s, &m, prompt + steps + 1, err, sizeof err) != 0) die(err, NULL);
     const Ranges rs = step_ranges(&m);
-
-    /* the prompt of bench.sh: BOS, then ids 300..200299 from the same LCG */
-    int *ids = malloc(sizeof(int) * (size_t)prompt);
-    if (!ids) die("out of memory", NULL);
-    ids[0] = m.config.bos_id;
-    for (long i = 1, x = 12345; i < prompt; i++) {
-        x = (x * 1103515245L + 12345) % 2147483648L;
-        ids[i] = (int)(300 + x % 200000) % m.config.vocab_size;
-    }
     if (zaya_prefill(&m, &s, ids, prompt, err, sizeof err) != 0) die(err, NULL);
     read_pass(&rs);   /* warm-up */
 

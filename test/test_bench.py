@@ -29,7 +29,7 @@ def python_total(blob):
 
 
 def paired(label, blob, threads, steps=3):
-    rc, out, err = run([EXE, blob, "-n", str(steps), "--prompt", "4", "--threads", str(threads), "--no-hugepages"])
+    rc, out, err = run([EXE, blob, "--ids", "2,17,300,45", "-n", str(steps), "--threads", str(threads), "--no-hugepages"])
     m = LINE.match(out.strip())
     if not check(rc == 0 and m is not None, f"{label}: one report line at {threads} thread(s)",
                  f"exit {rc}, stdout {out.strip()[:300]!r}, stderr {err.strip()[-300:]!r}"):
@@ -73,6 +73,8 @@ def main():
     check(rc == 2 and "usage" in err, "no arguments: usage, exit 2", f"exit {rc}, {err.strip()[:200]!r}")
     rc, out, err = run([EXE, os.path.join(BUILD, "bench_public_int8.bin"), "-n", "zero"])
     check(rc == 2 and "-n needs a number" in err, "bad -n: what was wrong, exit 2", f"exit {rc}, {err.strip()[:200]!r}")
+    rc, out, err = run([EXE, os.path.join(BUILD, "bench_public_int8.bin"), "--ids", "2,x"])
+    check(rc == 2 and "item 2 is not a token id" in err, "bad --ids: which item, exit 2", f"exit {rc}, {err.strip()[:200]!r}")
     rc, out, err = run([EXE, os.path.join(BUILD, "no_such_blob.bin")])
     check(rc == 1 and "cannot open" in err and "hint" in err, "missing blob: the loader's message and hint, exit 1",
           f"exit {rc}, {err.strip()[:200]!r}")
