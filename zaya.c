@@ -856,7 +856,7 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t
                       &s->rope_sin, &s->logits};
     size_t sizes[] = {B * H, B * H, B * C, B * nq * d, B * nkv * d, B * nkv * d, B * nkv * d / 2, B * nq * d,
                       B * H, B * R, B * R, B * R, B * (E + 1), B * (E + 1), B, B * H, B * 2 * I, B * H,
-                      B * max_in, (size_t)(c->cca_time1 + 1) * C, nq * d, nkv * d, nq * (size_t)ctx, E + 1, d, d,
+                      B * max_in, (size_t)(c->cca_time1 + 2) * C, nq * d, nkv * d, nq * (size_t)ctx, E + 1, d, d,
                       (size_t)c->vocab_size};
     for (size_t k = 0; ok && k < sizeof sizes / sizeof sizes[0]; k++) ok = (*bufs[k] = calloc_lines(sizes[k], sizeof(float))) != NULL;
     if (ok) ok = (s->expert = calloc(B, sizeof(int))) && (s->xq = calloc_lines(B * max_in, sizeof(int16_t)));
@@ -930,31 +930,32 @@ static void cca_qk(const ZayaConfig *c, const ZayaLayer *L, ZayaLayerState *ls, 
     /* window[j] = u_{t-K+j}: the K raw columns from the conv state, then u_t */
 #define WINDOW(j) ((j) < K ? ls->conv_state + (size_t)(j) * C : u_t)
 
-    /* depthwise conv (conv_qk_depthwise, kernel t0): a_s for s = t-t1+1 .. t, stored interleaved
-     * as conv_a[ch * t1 + kk] with kk = s - (t-t1+1), so that the grouped conv below reads one head's
+    /* Per head (heads in parallel; a head's channels are one group of the grouped conv):
+     * depthwise conv (conv_qk_depthwise, kernel t0): a_s for s = t-t1+1 .. t, stored interleaved
+     * as conv_a[ch * t1 + kk] with kk = s - (t-t1+1), so that the grouped conv reads the head's
      * inputs in the order of its weights [o, j, k].
-     * a_s[c] = b0[c] + sum_m w0[c,0,m] * u_{s-t0+1+m}[c]; zero-padded u gives a_{<0} = b0, not 0. */
-    for (int ch = 0; ch < C; ch++)
-        for (int kk = 0; kk < t1; kk++) {
-            float sum = L->conv_qk_depthwise_bias[ch];
-            for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * WINDOW(kk + m)[ch];
-            s->conv_a[(size_t)ch * t1 + kk] = sum;
-        }
-#undef WINDOW
-    float *z = s->conv_a + (size_t)C * t1;   /* C floats of scratch after conv_a */
-    if (s->tap) {
-        for (int ch = 0; ch < C; ch++) z[ch] = s->conv_a[(size_t)ch * t1 + t1 - 1];   /* a_t */
-        TAP(layer, pos, "self_attn.qkv_proj.conv_qk_depthwise", z, C);
-    }
-
-    /* grouped conv (conv_qk_grouped, kernel t1, one group of d channels per head):
-     * z_t[o] = b1[o] + sum_j sum_k w1[o,j,k] * a_{t-t1+1+k}[head(o)*d + j], one dot product of
-     * length d*t1 per output channel */
+     * a_s[c] = b0[c] + sum_m w0[c,0,m] * u_{s-t0+1+m}[c]; zero-padded u gives a_{<0} = b0, not 0.
+     * grouped conv (conv_qk_grouped, kernel t1, one group of d channels per head):
+     * z_t[o] = b1[o] + sum_j sum_k w1[o,j,k] * a_{t-t1+1+k}[head*d + j], one dot product of
+     * length d*t1 per output channel o of the head. */
+    float *z = s->conv_a + (size_t)C * t1;   /* z_t: C floats after conv_a (then C more for the tap of a_t) */
 #pragma omp parallel for schedule(static)
-    for (int o = 0; o < C; o++) {
-        const int head = o / d;
-        z[o] = L->conv_qk_grouped_bias[o] + dot_f32(L->conv_qk_grouped_weight + (size_t)o * d * t1,
-                                                    s->conv_a + (size_t)head * d * t1, d * t1);
+    for (int head = 0; head < nq + nkv; head++) {
+        for (int ch = head * d; ch < (head + 1) * d; ch++)
+            for (int kk = 0; kk < t1; kk++) {
+                float sum = L->conv_qk_depthwise_bias[ch];
+                for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * WINDOW(kk + m)[ch];
+                s->conv_a[(size_t)ch * t1 + kk] = sum;
+            }
+        for (int o = head * d; o < (head + 1) * d; o++)
+            z[o] = L->conv_qk_grouped_bias[o] + dot_f32(L->conv_qk_grouped_weight + (size_t)o * d * t1,
+                                                        s->conv_a + (size_t)head * d * t1, d * t1);
+    }
+#undef WINDOW
+    if (s->tap) {
+        float *a_t = z + C;
+        for (int ch = 0; ch < C; ch++) a_t[ch] = s->conv_a[(size_t)ch * t1 + t1 - 1];
+        TAP(layer, pos, "self_attn.qkv_proj.conv_qk_depthwise", a_t, C);
     }
     TAP(layer, pos, "self_attn.qkv_proj.conv_qk_grouped", z, C);
     memcpy(q, z, sizeof(float) * (size_t)nq * d);

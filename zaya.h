@@ -174,7 +174,7 @@ typedef struct {
     int16_t *xq;              /* activations quantized for int8 weights [B, max in-features] */
     float *xq_scales;
     /* scratch for one token */
-    float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} [C, t1], then C floats of scratch */
+    float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} [C, t1], then 2C floats of scratch */
     float *q_res, *k_res;     /* residual mix [nq*d], [nkv*d] */
     float *att;               /* attention probabilities [nq, keys], keys <= ctx (tap self_attn:attn_weights) */
     float *router_scores;     /* probs + balancing biases [E+1] */
