@@ -164,6 +164,20 @@ static float sum_lanes(const float *acc) {   /* fixed pairwise order: results ne
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+#ifdef __AVX512F__
+/* sum_lanes of lanes 0..7 given as s8 (lanes 8..15 already added), in registers: the same additions
+ * in the same order as sum_lanes, without storing the accumulators and reloading them one by one */
+static inline float sum_lanes_s8(__m256 s8) {
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));   /* s4[0] + s4[2], s4[1] + s4[3] */
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+static inline float sum_lanes_512(__m512 a) {
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    return sum_lanes_s8(_mm256_add_ps(_mm512_castps512_ps256(a), hi));
+}
+#endif
+
 /* float32 or bf16 weights x float32 activations for nt <= DOT_TOKENS tokens at once: per token 16
  * lanes of fused multiply-adds, then sum_lanes. Token t's result is the same operations in the same
  * order whatever nt is; several tokens only share each weight load (and hide the FMA latency). */
@@ -182,6 +196,10 @@ dot_float_n(float *out, const int nt, const void *wv, const int bf16, const floa
         __m512 w = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wb + i))), 16))
                         : _mm512_loadu_ps(wf + i);
         for (int t = 0; t < nt; t++) a[t] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + t * x_stride + i), a[t]);
+    }
+    if (i == n) {                    /* no tail: the lane sums in registers */
+        for (int t = 0; t < nt; t++) out[t] = sum_lanes_512(a[t]);
+        return;
     }
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(acc[t], a[t]);
 #else
@@ -247,6 +265,10 @@ dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16
                 a[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(wscale, _mm256_loadu_ps(xs + t * xs_stride + (size_t)b * 8)), a[t]);
             }
         }
+    if (b == nb && nb * 8 == n / group) {   /* no tail: the lane sums in registers (lanes 8..15 are 0) */
+        for (int t = 0; t < nt; t++) out[t] = sum_lanes_s8(_mm256_add_ps(a[t], _mm256_setzero_ps()));
+        return;
+    }
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(acc[t], a[t]);
 #endif
     for (int t = 0; t < nt; t++) {
