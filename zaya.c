@@ -1044,7 +1044,9 @@ static void rope(float *x, int heads, int d, int rot, const float *cos_t, const 
 }
 
 /* 3.9: causal attention of one token over the KV cache; query head n uses KV head n / g. Sliding
- * layers see the last `sliding_window` positions including the current one. */
+ * layers see the last `sliding_window` positions including the current one. The g query heads of a
+ * KV head go together, so each cached key and value is read once for all of them (the cache holds
+ * a KV head's positions one after another: a stream). */
 static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *s, int layer, int pos,
                       const float *q_all, float *out) {
     const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, g = nq / nkv;
@@ -1052,31 +1054,41 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
                           ? pos - c->sliding_window + 1 : 0;
     const float scale = 1.0f / sqrtf((float)d);    /* HF: scaling = head_dim ** -0.5 */
     const int n_keys = pos - first + 1;
-#pragma omp parallel for schedule(static) if ((size_t)nq * n_keys * d >= 65536)   /* heads are independent */
-    for (int n = 0; n < nq; n++) {
-        const float *q = q_all + (size_t)n * d;
-        const int kvh = n / g;
-        const size_t stride = (size_t)nkv * d;         /* from one cached position to the next */
-        float *p = s->att + (size_t)n * n_keys;        /* head n's probabilities over keys first..pos */
-        for (int t = first, nt; t <= pos; t += nt) {   /* up to DOT_TOKENS keys share each load of q */
-            const int slot = t % ls->cache_len;        /* (a pass stops where the ring buffer wraps) */
-            nt = pos - t + 1 < DOT_TOKENS ? pos - t + 1 : DOT_TOKENS;
-            nt = nt < ls->cache_len - slot ? nt : ls->cache_len - slot;
-            dot_float(p + (t - first), nt, q, 0, ls->key_cache + slot * stride + (size_t)kvh * d, stride, d);
-            for (int j = 0; j < nt; j++) p[t - first + j] *= scale;
-        }
-        softmax(p, n_keys);
-        float *o = out + (size_t)n * d;                /* o = sum_t p_t v_t, added in position order */
-        memset(o, 0, (size_t)d * sizeof(float));
-        for (int t = first, nt; t <= pos; t += nt) {   /* four positions per pass over o where they are adjacent */
-            const int slot = t % ls->cache_len;
-            nt = pos - t + 1 >= 4 && ls->cache_len - slot >= 4 ? 4 : 1;
-            const float *v = ls->value_cache + slot * stride + (size_t)kvh * d, *pt = p + (t - first);
-            if (nt == 4)
-                for (int i = 0; i < d; i++)
-                    o[i] = o[i] + pt[0] * v[i] + pt[1] * v[stride + i] + pt[2] * v[2 * stride + i] + pt[3] * v[3 * stride + i];
-            else
-                for (int i = 0; i < d; i++) o[i] += pt[0] * v[i];
+    float *p = s->att;                             /* p[n * n_keys + j]: head n, key position first + j */
+#pragma omp parallel if ((size_t)nq * n_keys * d >= 65536)
+    {
+        /* scores q_n . k_t * scale; the key is loaded once for up to DOT_TOKENS heads */
+#pragma omp for collapse(2) schedule(static)
+        for (int kvh = 0; kvh < nkv; kvh++)
+            for (int t = first; t <= pos; t++) {
+                const float *key = ls->key_cache + ((size_t)kvh * ls->cache_len + t % ls->cache_len) * d;
+                for (int r = 0; r < g; r += DOT_TOKENS) {
+                    const int nr = g - r < DOT_TOKENS ? g - r : DOT_TOKENS, n0 = kvh * g + r;
+                    float dots[DOT_TOKENS];
+                    dot_float(dots, nr, key, 0, q_all + (size_t)n0 * d, (size_t)d, d);
+                    for (int j = 0; j < nr; j++) p[(size_t)(n0 + j) * n_keys + (t - first)] = dots[j] * scale;
+                }
+            }
+#pragma omp for schedule(static)
+        for (int n = 0; n < nq; n++) softmax(p + (size_t)n * n_keys, n_keys);
+        /* o_n = sum_t p_n[t] v_t, added in position order */
+#pragma omp for schedule(static)
+        for (int kvh = 0; kvh < nkv; kvh++) {
+            memset(out + (size_t)kvh * g * d, 0, (size_t)g * d * sizeof(float));
+            for (int t = first, nt; t <= pos; t += nt) {   /* four positions per pass over o where they are adjacent */
+                const int slot = t % ls->cache_len;
+                nt = pos - t + 1 >= 4 && ls->cache_len - slot >= 4 ? 4 : 1;
+                const float *v = ls->value_cache + ((size_t)kvh * ls->cache_len + slot) * d;
+                for (int n = kvh * g; n < (kvh + 1) * g; n++) {
+                    float *o = out + (size_t)n * d;
+                    const float *pt = p + (size_t)n * n_keys + (t - first);
+                    if (nt == 4)
+                        for (int i = 0; i < d; i++)
+                            o[i] = o[i] + pt[0] * v[i] + pt[1] * v[d + i] + pt[2] * v[2 * d + i] + pt[3] * v[3 * d + i];
+                    else
+                        for (int i = 0; i < d; i++) o[i] += pt[0] * v[i];
+                }
+            }
         }
     }
     if (s->tap) {   /* [nq, n_keys]: column j = key position first + j (HF's attn_weights row without the masked zeros) */
@@ -1130,9 +1142,11 @@ static void attention_block(const ZayaModel *m, ZayaState *s, int layer, int n) 
         tap2(s, layer, pos, "self_attn:query_after_rope", q, nq, d);
         tap2(s, layer, pos, "self_attn:key_after_rope", k, nkv, d);
 
-        const size_t row = (size_t)(pos % ls->cache_len) * nkv * d;             /* append to the KV cache */
-        memcpy(ls->key_cache + row, k, (size_t)nkv * d * sizeof(float));
-        memcpy(ls->value_cache + row, v, (size_t)nkv * d * sizeof(float));
+        for (int j = 0; j < nkv; j++) {                                         /* append to the KV cache */
+            const size_t row = ((size_t)j * ls->cache_len + pos % ls->cache_len) * d;
+            memcpy(ls->key_cache + row, k + (size_t)j * d, (size_t)d * sizeof(float));
+            memcpy(ls->value_cache + row, v + (size_t)j * d, (size_t)d * sizeof(float));
+        }
         attention(c, ls, s, layer, pos, q, s->attn_out + (size_t)t * nq * d);
         TAP(layer, pos, "self_attn:attn_output", s->attn_out + (size_t)t * nq * d, nq * d);
     }
@@ -1317,11 +1331,12 @@ void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void 
         int n = s->pos < ls->cache_len ? s->pos : ls->cache_len;
         float *kc = malloc(sizeof(float) * ((size_t)n * nkv * d + 1)), *vc = malloc(sizeof(float) * ((size_t)n * nkv * d + 1));
         if (kc && vc) {
-            for (int r = 0; r < n; r++) {
-                int p = s->pos - n + r;
-                memcpy(kc + (size_t)r * nkv * d, ls->key_cache + (size_t)(p % ls->cache_len) * nkv * d, sizeof(float) * (size_t)nkv * d);
-                memcpy(vc + (size_t)r * nkv * d, ls->value_cache + (size_t)(p % ls->cache_len) * nkv * d, sizeof(float) * (size_t)nkv * d);
-            }
+            for (int r = 0; r < n; r++)
+                for (int j = 0; j < nkv; j++) {   /* cache [nkv, cache_len, d] -> tap [n, nkv * d] */
+                    const size_t from = ((size_t)j * ls->cache_len + (size_t)((s->pos - n + r) % ls->cache_len)) * d;
+                    memcpy(kc + ((size_t)r * nkv + j) * d, ls->key_cache + from, sizeof(float) * (size_t)d);
+                    memcpy(vc + ((size_t)r * nkv + j) * d, ls->value_cache + from, sizeof(float) * (size_t)d);
+                }
             ZayaTap kt = {"self_attn:key_cache", i, -1, 0, 2, {n, nkv * d}, kc, 0};
             ZayaTap vt = {"self_attn:value_cache", i, -1, 0, 2, {n, nkv * d}, vc, 0};
             fn(ctx, &kt);

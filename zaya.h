@@ -137,7 +137,7 @@ typedef void (*ZayaTapFn)(void *ctx, const ZayaTap *tap);
 
 /* Decoding state of one layer (arch §4). */
 typedef struct {
-    float *key_cache, *value_cache;   /* [cache_len, nkv*d]: keys after qk-norm and RoPE, values */
+    float *key_cache, *value_cache;   /* [nkv, cache_len, d]: keys after qk-norm and RoPE, values */
     int cache_len;                    /* ctx, or sliding_window on hybrid_sliding layers (ring) */
     float *conv_state;                /* [K, C], K = (t0-1)+(t1-1): raw u_{t-K} .. u_{t-1}, oldest first */
     float *delayed_value;             /* [nkv*d/2]: v_proj_delayed of the previous token */
