@@ -178,35 +178,53 @@ static inline float sum_lanes_512(__m512 a) {
 }
 #endif
 
-/* float32 or bf16 weights x float32 activations for nt <= DOT_TOKENS tokens at once: per token 16
- * lanes of fused multiply-adds, then sum_lanes. Token t's result is the same operations in the same
- * order whatever nt is; several tokens only share each weight load (and hide the FMA latency). */
+/* float32 or bf16 weights x float32 activations for nt <= DOT_TOKENS tokens at once: per token two
+ * chains of 16 lanes of fused multiply-adds (blocks of 16 values alternate between them, so a single
+ * token is not held up by the FMA latency), the chains added lane by lane, then sum_lanes. Token t's
+ * result is the same operations in the same order whatever nt is; several tokens only share each
+ * weight load. */
 #define DOT_TOKENS 8
 static inline __attribute__((always_inline)) void
 dot_float_n(float *out, const int nt, const void *wv, const int bf16, const float *x, size_t x_stride, int n) {
     const float *wf = wv;
     const uint16_t *wb = wv;
     float acc[DOT_TOKENS][LANES];
-    for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]);
     int i = 0;
 #ifdef __AVX512F__
-    __m512 a[DOT_TOKENS];
-    for (int t = 0; t < nt; t++) a[t] = _mm512_setzero_ps();
-    for (; i + LANES <= n; i += LANES) {
-        __m512 w = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wb + i))), 16))
-                        : _mm512_loadu_ps(wf + i);
-        for (int t = 0; t < nt; t++) a[t] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + t * x_stride + i), a[t]);
+#define W512(i) (bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wb + (i)))), 16)) \
+                      : _mm512_loadu_ps(wf + (i)))
+    __m512 a[DOT_TOKENS], b[DOT_TOKENS];
+    for (int t = 0; t < nt; t++) a[t] = b[t] = _mm512_setzero_ps();
+    for (; i + 2 * LANES <= n; i += 2 * LANES) {
+        const __m512 w0 = W512(i), w1 = W512(i + LANES);
+        for (int t = 0; t < nt; t++) {
+            a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * x_stride + i), a[t]);
+            b[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + t * x_stride + i + LANES), b[t]);
+        }
     }
+    if (i + LANES <= n) {             /* an odd last block: the first chain's */
+        const __m512 w0 = W512(i);
+        for (int t = 0; t < nt; t++) a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * x_stride + i), a[t]);
+        i += LANES;
+    }
+#undef W512
+    for (int t = 0; t < nt; t++) a[t] = _mm512_add_ps(a[t], b[t]);
     if (i == n) {                    /* no tail: the lane sums in registers */
         for (int t = 0; t < nt; t++) out[t] = sum_lanes_512(a[t]);
         return;
     }
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(acc[t], a[t]);
 #else
-    for (; i + LANES <= n; i += LANES)
+    float acc2[DOT_TOKENS][LANES];
+    for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]), memset(acc2[t], 0, sizeof acc2[t]);
+    for (int k = 0; i + LANES <= n; i += LANES, k++)
         for (int t = 0; t < nt; t++)
-            for (int l = 0; l < LANES; l++)
-                acc[t][l] = fmaf(bf16 ? bf16_to_f32(wb[i + l]) : wf[i + l], x[t * x_stride + i + l], acc[t][l]);
+            for (int l = 0; l < LANES; l++) {
+                float *chain = k % 2 ? &acc2[t][l] : &acc[t][l];
+                *chain = fmaf(bf16 ? bf16_to_f32(wb[i + l]) : wf[i + l], x[t * x_stride + i + l], *chain);
+            }
+    for (int t = 0; t < nt; t++)
+        for (int l = 0; l < LANES; l++) acc[t][l] += acc2[t][l];
 #endif
     for (int t = 0; t < nt; t++) {
         for (int j = i, l = 0; j < n; j++, l++) acc[t][l] = fmaf(bf16 ? bf16_to_f32(wb[j]) : wf[j], x[t * x_stride + j], acc[t][l]);
