@@ -217,12 +217,12 @@ dot_float_n(float *out, const int nt, const void *wv, const int bf16, const floa
 #else
     float acc2[DOT_TOKENS][LANES];
     for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]), memset(acc2[t], 0, sizeof acc2[t]);
-    for (int k = 0; i + LANES <= n; i += LANES, k++)
+    for (int k = 0; i + LANES <= n; i += LANES, k++) {
+        float (*chain)[LANES] = k % 2 ? acc2 : acc;   /* block k's chain */
         for (int t = 0; t < nt; t++)
-            for (int l = 0; l < LANES; l++) {
-                float *chain = k % 2 ? &acc2[t][l] : &acc[t][l];
-                *chain = fmaf(bf16 ? bf16_to_f32(wb[i + l]) : wf[i + l], x[t * x_stride + i + l], *chain);
-            }
+            for (int l = 0; l < LANES; l++)
+                chain[t][l] = fmaf(bf16 ? bf16_to_f32(wb[i + l]) : wf[i + l], x[t * x_stride + i + l], chain[t][l]);
+    }
     for (int t = 0; t < nt; t++)
         for (int l = 0; l < LANES; l++) acc[t][l] += acc2[t][l];
 #endif
