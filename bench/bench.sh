@@ -87,7 +87,8 @@ if [ -n "${PEER_BENCH:-}${PEER_MODEL:-}" ]; then
     [ -s "${PEER_MODEL:-}" ] || die "PEER_MODEL='${PEER_MODEL:-}' is not a GGUF file (set both PEER_BENCH and PEER_MODEL)"
     PEER=1
 fi
-if ! ldd "$ZAYA" 2>/dev/null | grep -q 'libgomp\|libomp'; then
+LIBS="$(ldd "$ZAYA" 2>/dev/null || true)"   # not piped into grep -q: ldd can die of SIGPIPE, a false warning under pipefail (seen once)
+if ! grep -q 'libgomp\|libomp' <<< "$LIBS"; then
     note "warning: $ZAYA is not built with OpenMP: --threads is ignored, every row runs on 1 thread" \
          "(build ./zaya_omp with 'make omp')"
 fi
