@@ -864,6 +864,12 @@ void zaya_free(ZayaModel *m) {
 
 static int conv_state_len(const ZayaConfig *c) { return (c->cca_time0 - 1) + (c->cca_time1 - 1); }
 
+/* Offset of position pos of KV head kvh in a layer's key_cache / value_cache ([nkv, cache_len, d];
+ * a sliding layer's cache is a ring of cache_len slots). */
+static size_t kv_row(const ZayaLayerState *ls, int kvh, int pos, int d) {
+    return ((size_t)kvh * (size_t)ls->cache_len + (size_t)(pos % ls->cache_len)) * (size_t)d;
+}
+
 int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t errlen) {
     const ZayaConfig *c = &m->config;
     memset(s, 0, sizeof *s);
@@ -1079,7 +1085,7 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
 #pragma omp for collapse(2) schedule(static)
         for (int kvh = 0; kvh < nkv; kvh++)
             for (int t = first; t <= pos; t++) {
-                const float *key = ls->key_cache + ((size_t)kvh * ls->cache_len + t % ls->cache_len) * d;
+                const float *key = ls->key_cache + kv_row(ls, kvh, t, d);
                 for (int r = 0; r < g; r += DOT_TOKENS) {
                     const int nr = g - r < DOT_TOKENS ? g - r : DOT_TOKENS, n0 = kvh * g + r;
                     float dots[DOT_TOKENS];
@@ -1096,7 +1102,7 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
             for (int t = first, nt; t <= pos; t += nt) {   /* four positions per pass over o where they are adjacent */
                 const int slot = t % ls->cache_len;
                 nt = pos - t + 1 >= 4 && ls->cache_len - slot >= 4 ? 4 : 1;
-                const float *v = ls->value_cache + ((size_t)kvh * ls->cache_len + slot) * d;
+                const float *v = ls->value_cache + kv_row(ls, kvh, t, d);
                 for (int n = kvh * g; n < (kvh + 1) * g; n++) {
                     float *o = out + (size_t)n * d;
                     const float *pt = p + (size_t)n * n_keys + (t - first);
@@ -1161,7 +1167,7 @@ static void attention_block(const ZayaModel *m, ZayaState *s, int layer, int n) 
         tap2(s, layer, pos, "self_attn:key_after_rope", k, nkv, d);
 
         for (int j = 0; j < nkv; j++) {                                         /* append to the KV cache */
-            const size_t row = ((size_t)j * ls->cache_len + pos % ls->cache_len) * d;
+            const size_t row = kv_row(ls, j, pos, d);
             memcpy(ls->key_cache + row, k + (size_t)j * d, (size_t)d * sizeof(float));
             memcpy(ls->value_cache + row, v + (size_t)j * d, (size_t)d * sizeof(float));
         }
@@ -1351,7 +1357,7 @@ void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void 
         if (kc && vc) {
             for (int r = 0; r < n; r++)
                 for (int j = 0; j < nkv; j++) {   /* cache [nkv, cache_len, d] -> tap [n, nkv * d] */
-                    const size_t from = ((size_t)j * ls->cache_len + (size_t)((s->pos - n + r) % ls->cache_len)) * d;
+                    const size_t from = kv_row(ls, j, s->pos - n + r, d);
                     memcpy(kc + ((size_t)r * nkv + j) * d, ls->key_cache + from, sizeof(float) * (size_t)d);
                     memcpy(vc + ((size_t)r * nkv + j) * d, ls->value_cache + from, sizeof(float) * (size_t)d);
                 }
