@@ -1414,17 +1414,31 @@ static uint32_t random_u32(uint64_t *state) {
 static float random_f32(uint64_t *state) { return (random_u32(state) >> 8) / 16777216.0f; }
 
 typedef struct { float p; int id; } ProbIndex;
-static int cmp_prob_desc(const void *a, const void *b) {
-    const ProbIndex *x = a, *y = b;
-    return x->p < y->p ? 1 : x->p > y->p ? -1 : (x->id > y->id) - (x->id < y->id);
+/* Sorts a[0..m) by probability, largest first, equal probabilities by lower id first (a[] arrives
+ * in id order). An LSD radix sort, 8 bits a pass, on the float's bit pattern, which orders positive
+ * floats like their values; each pass is stable, so ties keep their id order. O(m) where qsort was
+ * O(m log m): a flat distribution keeps nearly all 262,144 tokens above the top-p cutoff. Uses tmp
+ * (m entries); the result ends in a (four passes). */
+static void sort_prob_desc(ProbIndex *a, ProbIndex *tmp, int m) {
+    for (int shift = 0; shift < 32; shift += 8) {
+        size_t start[257] = {0};   /* digit 255 - byte, so larger bytes come first */
+        uint32_t bits;
+        for (int i = 0; i < m; i++) { memcpy(&bits, &a[i].p, 4); start[1 + 255 - ((bits >> shift) & 255)]++; }
+        for (int k = 0; k < 256; k++) start[k + 1] += start[k];
+        for (int i = 0; i < m; i++) { memcpy(&bits, &a[i].p, 4); tmp[start[255 - ((bits >> shift) & 255)]++] = a[i]; }
+        ProbIndex *t = a; a = tmp; tmp = t;
+    }
 }
 
 /* Picks the next token from logits[0..n): n is the tokenizer's size, so ids the tokenizer cannot
- * print (embedding padding rows) are never chosen. temperature 0 = greedy (ties: lowest id). */
+ * print (embedding padding rows) are never chosen. temperature 0 = greedy (ties: lowest id).
+ * scratch: 2n entries (candidates, and the sort's second buffer). */
 static int sample(float *logits, int n, float temperature, float topp, uint64_t *rng, ProbIndex *scratch) {
-    int best = 0;
-    for (int i = 1; i < n; i++) if (logits[i] > logits[best]) best = i;
-    if (temperature == 0.0f) return best;
+    if (temperature == 0.0f) {
+        int best = 0;
+        for (int i = 1; i < n; i++) if (logits[i] > logits[best]) best = i;
+        return best;
+    }
     for (int i = 0; i < n; i++) logits[i] /= temperature;
     softmax(logits, n);
     float r = random_f32(rng);
@@ -1437,7 +1451,7 @@ static int sample(float *logits, int n, float temperature, float topp, uint64_t 
     int m = 0;
     const float cutoff = (1.0f - topp) / (float)(n - 1);   /* tokens below this can never be in the set */
     for (int i = 0; i < n; i++) if (logits[i] >= cutoff) scratch[m++] = (ProbIndex){logits[i], i};
-    qsort(scratch, (size_t)m, sizeof *scratch, cmp_prob_desc);
+    sort_prob_desc(scratch, scratch + n, m);
     float cum = 0.0f;
     int last = m - 1;
     for (int i = 0; i < m; i++) { cum += scratch[i].p; if (cum > topp) { last = i; break; } }
@@ -2113,7 +2127,7 @@ int main(int argc, char **argv) {
     /* never sample an id the tokenizer cannot print (the embedding has padding rows beyond it) */
     int limit = m.tokenizer && m.tokenizer->n_tokens < c->vocab_size ? m.tokenizer->n_tokens : c->vocab_size;
     Runner r = {&m, &s, &o, o.seed ? o.seed : 0x9E3779B97F4A7C15ull, NULL, limit, 0, 0, 0, 0};
-    r.scratch = malloc(sizeof(ProbIndex) * (size_t)c->vocab_size);
+    r.scratch = malloc(sizeof(ProbIndex) * 2 * (size_t)c->vocab_size);
     if (!r.scratch) die("out of memory");
     if (chat) run_chat(&r);
     else {

@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (name, command) in the order they run; commands run in the repo root.
 TESTS = [
     ("kernels", ["build/test_kernels", "test/test_kernels.c"]),
+    ("sample", ["build/test_sample", "test/test_sample.c"]),
     ("engine", [sys.executable, "test/test_engine.py"]),
     ("int8", [sys.executable, "test/test_int8.py"]),
     ("cli", [sys.executable, "test/test_cli.py"]),
