@@ -21,7 +21,9 @@
 # Environment: ZAYA=path of the engine (default ./zaya_omp if built with `make omp`, else ./zaya),
 # PYTHON (python3), CC (cc). PEER_BENCH=path of llama.cpp's llama-bench and PEER_MODEL=a Q8_0 GGUF of
 # the same checkpoint: the int8 runs at each thread count are then followed, in the same window, by
-# `llama-bench -m PEER_MODEL -p NPROMPT -n NGEN -t N -r 3 -mmp 0` and the table shows both; without
+# `llama-bench -m PEER_MODEL -p NPROMPT -n NGEN -d 0,NPROMPT -t N -r 3 -mmp 0` (its pp at depth 0, its
+# tg after NPROMPT positions like ours; without -d in that llama-bench, tg from an empty context)
+# and the table shows both; without
 # them the table quotes the issue's llama.cpp figures (another machine of this class). Needs /usr/bin/time (GNU time). Run from anywhere; paths are resolved
 # against the repository root.
 set -euo pipefail
@@ -86,6 +88,10 @@ if [ -n "${PEER_BENCH:-}${PEER_MODEL:-}" ]; then
     [ -x "${PEER_BENCH:-}" ] || die "PEER_BENCH='${PEER_BENCH:-}' is not an executable llama-bench"
     [ -s "${PEER_MODEL:-}" ] || die "PEER_MODEL='${PEER_MODEL:-}' is not a GGUF file (set both PEER_BENCH and PEER_MODEL)"
     PEER=1
+    # llama-bench -d 0,N: its generation also after N positions of context, as ours runs after the prompt
+    PEER_DEPTH=0 PEER_DEPTH_ARGS=()
+    PEER_HELP="$("$PEER_BENCH" --help 2>&1 || true)"   # (not piped into grep -q: see the OpenMP check)
+    if grep -q -- '--n-depth' <<<"$PEER_HELP"; then PEER_DEPTH="$NPROMPT" PEER_DEPTH_ARGS=(-d "0,$NPROMPT"); fi
 fi
 LIBS="$(ldd "$ZAYA" 2>/dev/null || true)"   # not piped into grep -q: ldd can die of SIGPIPE, a false warning under pipefail (seen once)
 if ! grep -q 'libgomp\|libomp' <<< "$LIBS"; then
@@ -221,17 +227,18 @@ for DT in $DTYPES; do
         note "  paired decode / read: ${PAIRED[$t]}"
         if [ "$PEER" = 1 ] && [ "$DT" = int8 ]; then
             note "peer: llama-bench, $t thread(s), pp$NPROMPT + tg$NGEN, 3 repetitions ..."
-            if ! "$PEER_BENCH" -m "$PEER_MODEL" -p "$NPROMPT" -n "$NGEN" -t "$t" -r 3 -mmp 0 -o csv \
+            if ! "$PEER_BENCH" -m "$PEER_MODEL" -p "$NPROMPT" -n "$NGEN" "${PEER_DEPTH_ARGS[@]}" -t "$t" -r 3 -mmp 0 -o csv \
                     >"$OUT/peer-t$t.csv" 2>"$OUT/peer-t$t.err"; then
                 tail -5 "$OUT/peer-t$t.err" >&2; die "llama-bench failed ($OUT/peer-t$t.err)"
             fi
-            # avg_ts of the row with n_gen = 0 (prompt processing) and the one with n_prompt = 0 (generation)
+            # avg_ts of prompt processing (n_gen = 0) at depth 0 and of generation (n_prompt = 0) at PEER_DEPTH
             read -r PEER_PRE[$t] PEER_DEC[$t] < <("$PYTHON" -c '
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-pp = [r["avg_ts"] for r in rows if r["n_gen"] == "0"]
-tg = [r["avg_ts"] for r in rows if r["n_prompt"] == "0"]
-print("%.2f %.2f" % (float(pp[0]), float(tg[0])) if pp and tg else "- -")' "$OUT/peer-t$t.csv")
+depth = lambda r: r.get("n_depth", "0")
+pp = [r["avg_ts"] for r in rows if r["n_gen"] == "0" and depth(r) == "0"]
+tg = [r["avg_ts"] for r in rows if r["n_prompt"] == "0" and depth(r) == sys.argv[2]]
+print("%.2f %.2f" % (float(pp[0]), float(tg[0])) if pp and tg else "- -")' "$OUT/peer-t$t.csv" "$PEER_DEPTH")
             [ "${PEER_PRE[$t]}" != "-" ] || die "cannot read avg_ts from $OUT/peer-t$t.csv"
             note "  llama.cpp: pp$NPROMPT ${PEER_PRE[$t]} tok/s, tg$NGEN ${PEER_DEC[$t]} tok/s"
         fi
@@ -250,7 +257,8 @@ print("%.2f %.2f" % (float(pp[0]), float(tg[0])) if pp and tg else "- -")' "$OUT
         echo
         if [ "$PEER" = 1 ] && [ "$DT" = int8 ]; then
             echo "llama.cpp: measured right after the zaya.c runs at each thread count by llama-bench on $PEER_MODEL"
-            echo "($(stat -L -c %s "$PEER_MODEL") bytes); its tg$NGEN starts from an empty context, ours after the $NPROMPT-id prompt."
+            if [ "$PEER_DEPTH" = 0 ]; then echo "($(stat -L -c %s "$PEER_MODEL") bytes); its tg$NGEN starts from an empty context (no -d in that llama-bench), ours after the $NPROMPT-id prompt."
+            else echo "($(stat -L -c %s "$PEER_MODEL") bytes); its pp$NPROMPT from an empty context, its tg$NGEN after $PEER_DEPTH positions (-d $PEER_DEPTH), like ours after the prompt."; fi
         else
             echo "llama.cpp: the issue's figures (Q8_0, ZAYA port of PR #23112, another AMD EPYC Zen 4 2-vCPU machine),"
             echo "not measured in this run (set PEER_BENCH and PEER_MODEL to measure it)."
