@@ -23,8 +23,8 @@
 # the same checkpoint: the int8 runs at each thread count are then followed, in the same window, by
 # `llama-bench -m PEER_MODEL -p NPROMPT -n NGEN -d 0,NPROMPT -t N -r 3 -mmp 0` (its pp at depth 0, its
 # tg after NPROMPT positions like ours; without -d in that llama-bench, tg from an empty context)
-# and the table shows both; without
-# them the table quotes the issue's llama.cpp figures (another machine of this class). Needs /usr/bin/time (GNU time). Run from anywhere; paths are resolved
+# and the table shows both; without them the table quotes the issue's llama.cpp figures (another
+# machine of this class). Needs /usr/bin/time (GNU time). Run from anywhere; paths are resolved
 # against the repository root.
 set -euo pipefail
 
@@ -257,8 +257,9 @@ print("%.2f %.2f" % (float(pp[0]), float(tg[0])) if pp and tg else "- -")' "$OUT
         echo
         if [ "$PEER" = 1 ] && [ "$DT" = int8 ]; then
             echo "llama.cpp: measured right after the zaya.c runs at each thread count by llama-bench on $PEER_MODEL"
-            if [ "$PEER_DEPTH" = 0 ]; then echo "($(stat -L -c %s "$PEER_MODEL") bytes); its tg$NGEN starts from an empty context (no -d in that llama-bench), ours after the $NPROMPT-id prompt."
-            else echo "($(stat -L -c %s "$PEER_MODEL") bytes); its pp$NPROMPT from an empty context, its tg$NGEN after $PEER_DEPTH positions (-d $PEER_DEPTH), like ours after the prompt."; fi
+            if [ "$PEER_DEPTH" = 0 ]; then CONTEXT="its tg$NGEN starts from an empty context (no -d in that llama-bench), ours after the $NPROMPT-id prompt"
+            else CONTEXT="its pp$NPROMPT from an empty context, its tg$NGEN after $PEER_DEPTH positions (-d $PEER_DEPTH), like ours after the prompt"; fi
+            echo "($(stat -L -c %s "$PEER_MODEL") bytes); $CONTEXT."
         else
             echo "llama.cpp: the issue's figures (Q8_0, ZAYA port of PR #23112, another AMD EPYC Zen 4 2-vCPU machine),"
             echo "not measured in this run (set PEER_BENCH and PEER_MODEL to measure it)."
