@@ -112,12 +112,14 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
 }
 
 /* Activations meet int8 weights as int16 in groups: xs[g] = max|x| / 32767 over the group,
- * xq = round(x / xs), stored in the weights' interleaved order (zaya_q8_position). Their rounding error (~1e-5 relative) is far below the weights' int8 error,
- * so routing stays as with float32 activations, while the dot product is exact integer work.
- * This does group g of the n values x[0..n). */
-static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int group, int g) {
-    const int block = 8 * group, nb = group % 2 ? 0 : n / block;   /* as in zaya_q8_position */
-    const float *xg = x + (size_t)g * group;
+ * xq = round(x / xs), stored in the weights' interleaved order (zaya_q8_position). Their rounding
+ * error (~1e-5 relative) is far below the weights' int8 error, so routing stays as with float32
+ * activations, while the dot product is exact integer work. */
+
+/* The scale of one group: sets *xs and *inv = 1 / *xs (0 for a group of zeros). Returns 0 if the group
+ * holds NaN or inf (only from a corrupt blob): then *xs = NaN and its values are stored as 0, so the
+ * group's sums are NaN. */
+static int q16_scale(const float *xg, int group, float *xs, float *inv) {
     uint32_t amax_bits = 0;            /* max |x| as bits: orders like the floats, and NaN > inf > finite */
     for (int i = 0; i < group; i++) {
         uint32_t b;
@@ -127,17 +129,31 @@ static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int grou
     }
     float amax;
     memcpy(&amax, &amax_bits, 4);
-    const int finite = amax_bits < 0x7f800000u;
-    float inv = 0.0f;
-    if (!finite) xs[g] = NAN;          /* NaN or inf (only from a corrupt blob): the group's sums are NaN */
-    else if (amax < 1e-30f) xs[g] = 0.0f;   /* counts as zero (and 32767 / amax could overflow) */
-    else { xs[g] = amax / 32767.0f; inv = 32767.0f / amax; }
-    /* value i of the group goes to xq[dst + (i & ~1) * step + (i & 1)], as zaya_q8_position says */
-    const size_t dst = g < nb * 8 ? (size_t)(g / 8) * block + 2 * (g % 8) : (size_t)g * group;
-    const int step = g < nb * 8 ? 8 : 1;
-    for (int i = 0; i < group; i++) {  /* round half away from zero; |x * inv| <= 32767 */
-        float v = finite ? xg[i] * inv : 0.0f;
-        xq[dst + (size_t)(i & ~1) * step + (i & 1)] = (int16_t)(v + (v < 0.0f ? -0.5f : 0.5f));
+    *inv = 0.0f;
+    if (amax_bits >= 0x7f800000u) { *xs = NAN; return 0; }
+    if (amax < 1e-30f) *xs = 0.0f;     /* counts as zero (and 32767 / amax could overflow) */
+    else { *xs = amax / 32767.0f; *inv = 32767.0f / amax; }
+    return 1;
+}
+
+static int16_t q16_round(float v) { return (int16_t)(v + copysignf(0.5f, v)); }   /* half away from 0, branch-free */
+
+/* Group g of the n values x[0..n). In a block of 8 groups, values 2j and 2j+1 of group k are stored
+ * together at 16 * j + 2 * k (zaya_q8_position): one 32-bit store per pair. */
+static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int group, int g) {
+    const int block = 8 * group, nb = group % 2 ? 0 : n / block;   /* as in zaya_q8_position */
+    const float *xg = x + (size_t)g * group;
+    float inv;
+    const int finite = q16_scale(xg, group, &xs[g], &inv);
+    if (g < nb * 8) {
+        int16_t *dst = xq + (size_t)(g / 8) * block + 2 * (g % 8);
+        for (int j = 0; j < group / 2; j++) {
+            const float v0 = xg[2 * j] * inv, v1 = xg[2 * j + 1] * inv;
+            const uint32_t pair = (uint16_t)q16_round(finite ? v0 : 0.0f) | (uint32_t)(uint16_t)q16_round(finite ? v1 : 0.0f) << 16;
+            memcpy(dst + 16 * j, &pair, sizeof pair);   /* little-endian, like the blob: v0 first */
+        }
+    } else {                                         /* past the last whole block: unpermuted */
+        for (int i = 0; i < group; i++) xq[(size_t)g * group + i] = q16_round(finite ? xg[i] * inv : 0.0f);
     }
 }
 
