@@ -1083,6 +1083,15 @@ static void rope(float *x, int heads, int d, int rot, const float *cos_t, const 
     }
 }
 
+/* The rows of a KV head are short streams, and the hardware prefetchers stop at every 4 KB page:
+ * attention asks for the row KV_AHEAD positions ahead (decode at positions 128-160 on Zen 4, 2
+ * threads: attention 27-29 -> 23-24 us per layer). A prefetch is only a hint and never faults. */
+#define KV_AHEAD 8
+static void prefetch_kv_row(const ZayaLayerState *ls, const float *cache, int kvh, int pos, int d) {
+    const float *row = cache + kv_row(ls, kvh, pos, d);
+    for (int i = 0; i < d; i += 16) __builtin_prefetch(row + i);   /* one 64-byte line each */
+}
+
 /* 3.9: causal attention of one token over the KV cache; query head n uses KV head n / g. Sliding
  * layers see the last `sliding_window` positions including the current one. The g query heads of a
  * KV head go together, so each cached key and value is read once for all of them (the cache holds
@@ -1102,6 +1111,7 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
         for (int kvh = 0; kvh < nkv; kvh++)
             for (int t = first; t <= pos; t++) {
                 const float *key = ls->key_cache + kv_row(ls, kvh, t, d);
+                if (t + KV_AHEAD <= pos) prefetch_kv_row(ls, ls->key_cache, kvh, t + KV_AHEAD, d);
                 for (int r = 0; r < g; r += DOT_TOKENS) {
                     const int nr = g - r < DOT_TOKENS ? g - r : DOT_TOKENS, n0 = kvh * g + r;
                     float dots[DOT_TOKENS];
@@ -1119,6 +1129,7 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
                 const int slot = t % ls->cache_len;
                 nt = pos - t + 1 >= 4 && ls->cache_len - slot >= 4 ? 4 : 1;
                 const float *v = ls->value_cache + kv_row(ls, kvh, t, d);
+                for (int j = t + KV_AHEAD; j < t + KV_AHEAD + nt && j <= pos; j++) prefetch_kv_row(ls, ls->value_cache, kvh, j, d);
                 for (int n = kvh * g; n < (kvh + 1) * g; n++) {
                     float *o = out + (size_t)n * d;
                     const float *pt = p + (size_t)n * n_keys + (t - first);
