@@ -385,11 +385,13 @@ static void matmul(const MatmulOut *out, int count, const float *x, int xs, int 
 #ifdef _OPENMP
         me = omp_get_thread_num(), nth = omp_get_num_threads();
 #endif
-        for (long i = groups * me / nth; i < groups * (me + 1) / nth; i++) {
-            const long t = i / ng;
-            quantize_q16(xq + t * cols, xqs + t * ng, x + t * xs, cols, G, (int)(i % ng));
-        }
+        if (groups) {   /* int8 weights: every thread waits until all of X is quantized */
+            for (long i = groups * me / nth; i < groups * (me + 1) / nth; i++) {
+                const long t = i / ng;
+                quantize_q16(xq + t * cols, xqs + t * ng, x + t * xs, cols, G, (int)(i % ng));
+            }
 #pragma omp barrier
+        }
         const int r0 = (int)((long long)rows * me / nth), r1 = (int)((long long)rows * (me + 1) / nth);
         for (int i = 0, base = 0; i < count; base += out[i++].w->rows) {   /* this thread's rows of out[i] */
             const int a = r0 - base > 0 ? r0 - base : 0, b = r1 - base < out[i].w->rows ? r1 - base : out[i].w->rows;
