@@ -1087,7 +1087,7 @@ static void rope(float *x, int heads, int d, int rot, const float *cos_t, const 
 
 /* The rows of a KV head are short streams, and the hardware prefetchers stop at every 4 KB page:
  * attention asks for the row KV_AHEAD positions ahead (decode at positions 128-160 on Zen 4, 2
- * threads: attention 27-29 -> 23-24 us per layer). A prefetch is only a hint and never faults. */
+ * threads: attention 27-29 -> 23.5-26.5 us per layer). A prefetch is only a hint and never faults. */
 #define KV_AHEAD 8
 static void prefetch_kv_row(const ZayaLayerState *ls, const float *cache, int kvh, int pos, int d) {
     const float *row = cache + kv_row(ls, kvh, pos, d);
