@@ -2,7 +2,7 @@
  *
  * Build: make build/decode_vs_read (bench.sh and make test do this)
  * Run:
- *   build/decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--no-hugepages]
+ *   build/decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--no-hugepages] [--profile]
  *
  * The ceiling of a weight-streaming decoder is (read bandwidth) / (bytes one step reads). On a shared
  * host the bandwidth moves by tens of percent within seconds, so a figure measured before or after a
@@ -22,6 +22,12 @@
  * ratio = total read time / total decode time (= decode tok/s / ceiling tok/s); the per-step ratios
  * give the median, min and max. A skip-expert layer reads no expert in decode, so the read is the
  * upper bound of a step and the ratio a lower bound. Errors: a message on stderr, exit 1; usage: 2.
+ *
+ * --profile: then n more greedy steps (no reads between them) with a tap callback that notes the
+ * time at every intermediate tensor, and a table of where a step goes: the time between each pair of
+ * consecutive taps (e.g. "input_layernorm -> self_attn.qkv_proj.q_proj" is the q/k/v product), summed
+ * over the layers, in ms per token, in the order of a step. The callback's own cost (a clock read
+ * per tap) is in those steps' time, not in the paired line above.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "zaya.h"
@@ -158,8 +164,65 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static int greedy(const ZayaModel *m, const ZayaState *s) {   /* the next token: argmax of the logits */
+    int next = 0;
+    for (int v = 1; v < m->config.vocab_size; v++) if (s->logits[v] > s->logits[next]) next = v;
+    return next;
+}
+
+/* ---------------------------------------------------------------- --profile */
+#define MAX_SEGMENTS 512
+typedef struct { const char *from, *to; double s; } Segment;   /* time between two consecutive taps */
+typedef struct {
+    Segment seg[MAX_SEGMENTS];
+    int n, cur;        /* segments so far; the last one timed */
+    const char *last;  /* the name of the last tap (or "(step start)") */
+    double t;          /* and its time */
+} Profile;
+
+static void profile_mark(Profile *p, const char *name) {
+    const double t = now_s();
+    int i = (p->cur + 1) % MAX_SEGMENTS;   /* a step repeats per layer: nearly always the next one */
+    if (i >= p->n || strcmp(p->seg[i].from, p->last) || strcmp(p->seg[i].to, name))
+        for (i = 0; i < p->n && (strcmp(p->seg[i].from, p->last) || strcmp(p->seg[i].to, name)); i++) {}
+    if (i == p->n) {
+        if (p->n == MAX_SEGMENTS) die("--profile: more than MAX_SEGMENTS (512) distinct pairs of consecutive taps", "hint: raise it in bench/decode_vs_read.c");
+        p->seg[p->n++] = (Segment){p->last, name, 0};
+    }
+    p->seg[i].s += t - p->t;
+    p->cur = i;
+    p->last = name;   /* tap names are string literals of the engine */
+    p->t = now_s();   /* the bookkeeping above is not counted */
+}
+
+static void profile_tap(void *ctx, const ZayaTap *tap) { profile_mark(ctx, tap->name); }
+
+static void profile(const ZayaModel *m, ZayaState *s, int steps) {
+    static Profile p;
+    char err[1024];
+    double total = 0;
+    s->tap = profile_tap;
+    s->tap_ctx = &p;
+    for (int i = 0; i < steps; i++) {
+        const int next = greedy(m, s);
+        p.last = "(step start)";
+        p.t = now_s();
+        const double t0 = p.t;
+        if (zaya_forward(m, s, next, err, sizeof err) != 0) die(err, NULL);
+        profile_mark(&p, "(step end)");
+        total += now_s() - t0;
+    }
+    s->tap = NULL;
+    double sum = 0;
+    for (int i = 0; i < p.n; i++) sum += p.seg[i].s;
+    printf("profile steps=%d ms/token=%.3f taps_ms/token=%.3f (between consecutive taps, summed over the layers)\n",
+           steps, 1e3 * total / steps, 1e3 * sum / steps);
+    for (int i = 0; i < p.n; i++)
+        printf("%9.3f ms %5.1f %%  %s -> %s\n", 1e3 * p.seg[i].s / steps, 100 * p.seg[i].s / sum, p.seg[i].from, p.seg[i].to);
+}
+
 static void usage(void) {
-    fprintf(stderr, "usage: decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--no-hugepages]\n");
+    fprintf(stderr, "usage: decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--no-hugepages] [--profile]\n");
     exit(2);
 }
 
@@ -175,13 +238,14 @@ static long arg_long(const char *flag, const char *v, long lo, long hi) {
 
 int main(int argc, char **argv) {
     const char *path = NULL, *id_list = NULL;
-    int steps = 64, threads = 0, huge = 1;
+    int steps = 64, threads = 0, huge = 1, want_profile = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-n") && i + 1 < argc) steps = (int)arg_long(a, argv[++i], 1, 100000);
         else if (!strcmp(a, "--ids") && i + 1 < argc) id_list = argv[++i];
         else if (!strcmp(a, "--threads") && i + 1 < argc) threads = (int)arg_long(a, argv[++i], 1, 1024);
         else if (!strcmp(a, "--no-hugepages")) huge = 0;
+        else if (!strcmp(a, "--profile")) want_profile = 1;
         else if (a[0] != '-' && !path) path = a;
         else usage();
     }
@@ -214,7 +278,7 @@ int main(int argc, char **argv) {
     ZayaState s;
     if (zaya_load(&m, path, huge ? ZAYA_LOAD_HUGEPAGES : 0, err, sizeof err) != 0) die(err, NULL);
     if (!id_list) ids[0] = m.config.bos_id;
-    if (zaya_state_init(&s, &m, prompt + steps + 1, err, sizeof err) != 0) die(err, NULL);
+    if (zaya_state_init(&s, &m, prompt + (1 + want_profile) * steps + 1, err, sizeof err) != 0) die(err, NULL);
     const Ranges rs = step_ranges(&m);
     if (zaya_prefill(&m, &s, ids, prompt, err, sizeof err) != 0) die(err, NULL);
     read_pass(&rs);   /* warm-up */
@@ -222,8 +286,7 @@ int main(int argc, char **argv) {
     double *ratio = malloc(sizeof(double) * (size_t)steps), t_decode = 0, t_read = 0;
     if (!ratio) die("out of memory", NULL);
     for (int i = 0; i < steps; i++) {
-        int next = 0;   /* greedy */
-        for (int v = 1; v < m.config.vocab_size; v++) if (s.logits[v] > s.logits[next]) next = v;
+        const int next = greedy(&m, &s);
         const double t0 = now_s();
         if (zaya_forward(&m, &s, next, err, sizeof err) != 0) die(err, NULL);
         const double td = now_s() - t0, tr = read_pass(&rs);
@@ -237,6 +300,7 @@ int main(int argc, char **argv) {
            "ceiling_tok/s=%.2f ratio=%.3f ratio_median=%.3f ratio_min=%.3f ratio_max=%.3f\n",
            threads, steps, rs.bytes, tok_s, gbs, gbs * 1e9 / rs.bytes, t_read / t_decode,
            ratio[steps / 2], ratio[0], ratio[steps - 1]);
+    if (want_profile) profile(&m, &s, steps);
     free(ratio);
     free(ids);
     free(rs.r);

@@ -6,7 +6,8 @@ bytes_per_token must equal bench/bytes_per_token.py's total for the same blob (t
 bytes independently: one from the loaded model's tensors, one from the blob's tensor directory).
 Checked on the public fixture at fp32, bf16 and int8, and on an odd-dimension checkpoint from
 bench/make_checkpoint.py (hidden 50, 5 experts, expert width 27: int8 groups that do not fill a
-block); at 1 and 2 threads; plus its usage and error exits. Needs build/decode_vs_read (make test).
+block); at 1 and 2 threads; its --profile table (rows that add up, the step's tap pairs in order);
+plus its usage and error exits. Needs build/decode_vs_read (make test).
 """
 import os
 import re
@@ -43,6 +44,34 @@ def paired(label, blob, threads, steps=3):
     check(ok, f"{label}: speeds and ratios positive, min <= median <= max", out.strip())
 
 
+SEGMENT = re.compile(r"^ *([0-9.]+) ms +([0-9.]+) %  (.+) -> (.+)$")
+
+
+def profiled(label, blob, threads, steps=2):
+    """--profile: after the paired line, the time between consecutive taps of `steps` more steps."""
+    rc, out, err = run([EXE, blob, "--ids", "2,17,300,45", "-n", str(steps), "--threads", str(threads),
+                        "--no-hugepages", "--profile"])
+    lines = out.strip().splitlines()
+    head = re.match(r"^profile steps=(\d+) ms/token=([0-9.]+) taps_ms/token=([0-9.]+) ", lines[1]) if len(lines) > 1 else None
+    if not check(rc == 0 and LINE.match(lines[0]) and head and int(head.group(1)) == steps,
+                 f"{label} --profile: the paired line, then the profile line", f"exit {rc}, {out[:300]!r}, {err[-300:]!r}"):
+        return
+    segs = [SEGMENT.match(line) for line in lines[2:]]
+    if not check(segs and all(segs), f"{label} --profile: every row is 'ms, share, from -> to'", out[:500]):
+        return
+    pairs = [(m.group(3), m.group(4)) for m in segs]
+    ms = sum(float(m.group(1)) for m in segs)
+    check(abs(ms - float(head.group(3))) <= 0.001 * len(segs) and float(head.group(3)) <= float(head.group(2)),
+          f"{label} --profile: the rows add up to the taps' total, within the step's time",
+          f"rows {ms:.3f} ms, taps {head.group(3)}, step {head.group(2)}")
+    check(abs(sum(float(m.group(2)) for m in segs) - 100) <= 0.1 * len(segs), f"{label} --profile: shares add up to 100 %",
+          str(sum(float(m.group(2)) for m in segs)))
+    check(pairs[0] == ("(step start)", "model.embed_tokens") and pairs[-1] == ("logits", "(step end)")
+          and ("input_layernorm", "self_attn.qkv_proj.q_proj") in pairs and ("model.norm", "logits") in pairs
+          and len(set(pairs)) == len(pairs),
+          f"{label} --profile: the step's tap pairs in order, each once", str(pairs[:4] + pairs[-3:]))
+
+
 def main():
     check(os.path.exists(EXE), "build/decode_vs_read exists", "run: make test (it builds it)")
     if not os.path.exists(EXE):
@@ -55,6 +84,7 @@ def main():
         if check(rc == 0, f"export the public fixture ({dtype})", err[-500:]):
             paired(f"public {dtype}", blob, 1)
     paired("public int8", os.path.join(BUILD, "bench_public_int8.bin"), 2)
+    profiled("public int8", os.path.join(BUILD, "bench_public_int8.bin"), 2)
 
     odd = os.path.join(BUILD, "bench_odd")
     tok = small_tokenizer(need_fixtures("tokenizer", "model"), os.path.join(BUILD, "bench_tokenizer_1000"))
@@ -68,6 +98,7 @@ def main():
         if check(rc == 0, "export the odd-dimension checkpoint (int8)", err[-500:]):
             paired("odd int8", blob, 1, steps=5)
             paired("odd int8", blob, 2, steps=5)
+            profiled("odd int8", blob, 1)
 
     rc, out, err = run([EXE])
     check(rc == 2 and "usage" in err, "no arguments: usage, exit 2", f"exit {rc}, {err.strip()[:200]!r}")
