@@ -64,7 +64,8 @@ static inline float bf16_to_f32(uint16_t b) {
     return f;
 }
 
-/* Rows [row0, row0+nrows) of a matrix as a matrix of their own (used for one expert's slice). */
+/* Rows [row0, row0+nrows) of a matrix as a matrix of their own (used for one expert's slice; row0 is
+ * even where the rows are in pairs: pair_q8_rows pairs a stacked matrix only then). */
 static ZayaMatrix matrix_rows(const ZayaMatrix *m, int row0, int nrows) {
     ZayaMatrix r = *m;
     size_t start = (size_t)row0 * (size_t)m->cols;
@@ -74,8 +75,23 @@ static ZayaMatrix matrix_rows(const ZayaMatrix *m, int row0, int nrows) {
     else {
         r.data = (const int8_t *)m->data + start;
         r.scales = m->scales + start / (size_t)m->group_size;
+        r.pair_rows = m->pair_rows - row0 < 0 ? 0 : m->pair_rows - row0 < nrows ? m->pair_rows - row0 : nrows;
     }
     return r;
+}
+
+/* Where int8 row `row` starts, and *pitch, the distance between its 64-byte chunks: 64 for a row
+ * stored alone, 128 for a row of a pair (ZayaMatrix.pair_rows), whose partner's chunks sit between. */
+static const int8_t *q8_row(const ZayaMatrix *m, int row, int *pitch) {
+    const int8_t *d = m->data;
+    *pitch = row < m->pair_rows ? 128 : 64;
+    return row < m->pair_rows ? d + (size_t)(row & ~1) * (size_t)m->cols + (row & 1) * 64 : d + (size_t)row * (size_t)m->cols;
+}
+
+/* The weight at storage position q (zaya_q8_position) of a row whose 64-byte chunks are pitch apart
+ * (the test of pitch is loop-invariant: the compiler keeps a plain, vectorized loop for rows alone). */
+static inline int8_t q8_at(const int8_t *w, size_t q, int pitch) {
+    return pitch == 64 ? w[q] : w[q / 64 * (size_t)pitch + q % 64];
 }
 
 size_t zaya_q8_position(int i, int cols, int group) {
@@ -90,8 +106,9 @@ static float matrix_at(const ZayaMatrix *m, int row, int i) {
     size_t start = (size_t)row * (size_t)m->cols;
     if (m->dtype == ZAYA_F32) return ((const float *)m->data)[start + i];
     if (m->dtype == ZAYA_BF16) return bf16_to_f32(((const uint16_t *)m->data)[start + i]);
-    return ((const int8_t *)m->data)[start + zaya_q8_position(i, m->cols, m->group_size)] *
-           m->scales[(start + i) / (size_t)m->group_size];
+    int pitch;
+    const int8_t *w = q8_row(m, row, &pitch);
+    return q8_at(w, zaya_q8_position(i, m->cols, m->group_size), pitch) * m->scales[(start + i) / (size_t)m->group_size];
 }
 
 /* Row `row` of a matrix widened to float32 (the embedding lookup). */
@@ -266,7 +283,7 @@ static float dot_f32(const float *w, const float *x, int n) {
  * below, 4096 ahead: 0.66 of a paired read against 0.85), although 4096 had been 20-25% faster than
  * 1024 there two days before: measure with bench/decode_vs_read.c before turning it on. */
 static inline __attribute__((always_inline)) void
-dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
+dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, const int16_t *xq, size_t xq_stride,
          const float *xs, size_t xs_stride, int n, int group) {
     float acc[DOT_TOKENS][LANES];
     for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]);
@@ -279,15 +296,15 @@ dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16
         for (; b < nb; b++) {
             __m512i isum0[DOT_TOKENS], isum1[DOT_TOKENS];
             for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = _mm512_setzero_si512();
-            const int8_t *wb = w + (size_t)b * block;
+            const int8_t *wb = w + (size_t)b * block / 64 * pitch;   /* the row's chunks are pitch bytes apart */
 #pragma GCC unroll 8   /* a block of the default group size 64 in one pass: decode ~12% faster on Zen 4
                           (ratio to a paired read 0.86-0.87 vs 0.75-0.78, 1 thread; 0.75 vs 0.65 at 2) */
             for (int s = 0; s < block; s += 64) {
 #ifdef PREFETCH_AHEAD
                 _mm_prefetch((const char *)(wb + s + PREFETCH_AHEAD), _MM_HINT_T0);
 #endif
-                __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s)));
-                __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s + 32)));
+                __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s / 64 * pitch)));
+                __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s / 64 * pitch + 32)));
                 for (int t = 0; t < nt; t++) {
                     const int16_t *xb = xq + t * xq_stride + (size_t)b * block + s;
                     isum0[t] = _mm512_dpwssd_epi32(isum0[t], w0, _mm512_loadu_si512(xb));
@@ -312,23 +329,61 @@ dot_q8_n(float *out, const int nt, const int8_t *w, const float *ws, const int16
         const float *xst = xs + t * xs_stride;
         for (int bb = b; bb < nb; bb++) {                       /* interleaved blocks of 8 groups */
             int32_t isum[8] = {0};
-            for (int p = 0; p < block; p++) isum[(p >> 1) & 7] += (int32_t)w[(size_t)bb * block + p] * x[(size_t)bb * block + p];
+            for (int p = 0; p < block; p++) isum[(p >> 1) & 7] += (int32_t)q8_at(w, (size_t)bb * block + p, pitch) * x[(size_t)bb * block + p];
             for (int k = 0; k < 8; k++) acc[t][k] = fmaf((float)isum[k], ws[bb * 8 + k] * xst[bb * 8 + k], acc[t][k]);
         }
         for (int g = nb * 8; g < n / group; g++) {              /* the remaining groups, unpermuted */
             int32_t isum = 0;
-            for (int i = 0; i < group; i++) isum += (int32_t)w[(size_t)g * group + i] * x[(size_t)g * group + i];
+            for (int i = 0; i < group; i++) isum += (int32_t)q8_at(w, (size_t)g * group + i, pitch) * x[(size_t)g * group + i];
             acc[t][g % 8] = fmaf((float)isum, ws[g] * xst[g], acc[t][g % 8]);
         }
         out[t] = sum_lanes(acc[t]);
     }
 }
 
+/* Rows w and w + 64 of a pair (pitch 128, ZayaMatrix.pair_rows) against one token: decode reads the
+ * pair as one weight stream, and each activation load serves both rows (the kernel is bound by its
+ * loads: two 64-byte loads of activations for two 32-byte loads of weights). Per row the same
+ * operations in the same order as dot_q8_n with nt = 1, so the same results. */
+static void dot_q8_pair(float *out, const int8_t *w, const float *ws0, const float *ws1, const int16_t *xq,
+                        const float *xs, int n, int group) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    const int block = 8 * group, nb = group % 8 ? 0 : n / block;
+    if (nb && nb * 8 == n / group) {   /* what pair_q8_rows requires; else the general path below */
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            __m512i s00 = _mm512_setzero_si512(), s01 = s00, s10 = s00, s11 = s00;   /* row, chain */
+            const int8_t *wb = w + (size_t)b * block * 2;
+            const int16_t *xb = xq + (size_t)b * block;
+#pragma GCC unroll 8
+            for (int s = 0; s < block; s += 64) {
+                const __m512i x0 = _mm512_loadu_si512(xb + s), x1 = _mm512_loadu_si512(xb + s + 32);
+                s00 = _mm512_dpwssd_epi32(s00, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + 2 * s))), x0);
+                s01 = _mm512_dpwssd_epi32(s01, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + 2 * s + 32))), x1);
+                s10 = _mm512_dpwssd_epi32(s10, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + 2 * s + 64))), x0);
+                s11 = _mm512_dpwssd_epi32(s11, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + 2 * s + 96))), x1);
+            }
+            const __m256 xsb = _mm256_loadu_ps(xs + (size_t)b * 8);
+            const __m512i t0 = _mm512_add_epi32(s00, s01), t1 = _mm512_add_epi32(s10, s11);
+            const __m256i r0 = _mm256_add_epi32(_mm512_castsi512_si256(t0), _mm512_extracti64x4_epi64(t0, 1));
+            const __m256i r1 = _mm256_add_epi32(_mm512_castsi512_si256(t1), _mm512_extracti64x4_epi64(t1, 1));
+            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r0), _mm256_mul_ps(_mm256_loadu_ps(ws0 + (size_t)b * 8), xsb), a0);
+            a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r1), _mm256_mul_ps(_mm256_loadu_ps(ws1 + (size_t)b * 8), xsb), a1);
+        }
+        out[0] = sum_lanes_s8(_mm256_add_ps(a0, _mm256_setzero_ps()));
+        out[1] = sum_lanes_s8(_mm256_add_ps(a1, _mm256_setzero_ps()));
+        return;
+    }
+#endif
+    dot_q8_n(out, 1, w, 128, ws0, xq, 0, xs, 0, n, group);
+    dot_q8_n(out + 1, 1, w + 64, 128, ws1, xq, 0, xs, 0, n, group);
+}
+
 /* dot_q8_n and dot_float_n with the token count fixed at compile time, so the accumulators live in
  * registers */
-static void dot_q8(float *out, int nt, const int8_t *w, const float *ws, const int16_t *xq, size_t xq_stride,
+static void dot_q8(float *out, int nt, const int8_t *w, int pitch, const float *ws, const int16_t *xq, size_t xq_stride,
                    const float *xs, size_t xs_stride, int n, int group) {
-#define CASE(k) case k: dot_q8_n(out, k, w, ws, xq, xq_stride, xs, xs_stride, n, group); break;
+#define CASE(k) case k: dot_q8_n(out, k, w, pitch, ws, xq, xq_stride, xs, xs_stride, n, group); break;
     switch (nt) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8) }
 #undef CASE
 }
@@ -349,10 +404,20 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
         float r[DOT_TOKENS];
         for (int o = o0; o < o1; o++) {
             const size_t row = (size_t)o * (size_t)cols;
-            if (w->dtype == ZAYA_Q8)
-                dot_q8(r, nt, (const int8_t *)w->data + row, w->scales + row / (size_t)G, xq + (size_t)t * cols, (size_t)cols,
+            if (w->dtype == ZAYA_Q8) {
+                int pitch;
+                const int8_t *wr = q8_row(w, o, &pitch);
+                if (nt == 1 && o % 2 == 0 && o + 1 < o1 && o + 1 < w->pair_rows) {   /* decode: a pair at once */
+                    dot_q8_pair(r, wr, w->scales + row / (size_t)G, w->scales + (row + cols) / (size_t)G,
+                                xq + (size_t)t * cols, xqs + (size_t)t * (cols / G), cols, G);
+                    y[(size_t)t * ys + o] = r[0];
+                    y[(size_t)t * ys + o + 1] = r[1];
+                    o++;
+                    continue;
+                }
+                dot_q8(r, nt, wr, pitch, w->scales + row / (size_t)G, xq + (size_t)t * cols, (size_t)cols,
                        xqs + (size_t)t * (cols / G), (size_t)(cols / G), cols, G);
-            else if (w->dtype == ZAYA_BF16) dot_float(r, nt, (const uint16_t *)w->data + row, 1, x + (size_t)t * xs, (size_t)xs, cols);
+            } else if (w->dtype == ZAYA_BF16) dot_float(r, nt, (const uint16_t *)w->data + row, 1, x + (size_t)t * xs, (size_t)xs, cols);
             else dot_float(r, nt, (const float *)w->data + row, 0, x + (size_t)t * xs, (size_t)xs, cols);
             for (int k = 0; k < nt; k++) y[(size_t)(t + k) * ys + o] = r[k];
         }
@@ -394,7 +459,8 @@ static void matmul(const MatmulOut *out, int count, const float *x, int xs, int 
             }
 #pragma omp barrier
         }
-        const int r0 = (int)((long long)rows * me / nth), r1 = (int)((long long)rows * (me + 1) / nth);
+        /* this thread's rows: an even start, so that a pair of int8 rows goes to one thread */
+        const int r0 = (int)((long long)rows * me / nth) & ~1, r1 = me + 1 == nth ? rows : (int)((long long)rows * (me + 1) / nth) & ~1;
         for (int i = 0, base = 0; i < count; base += out[i++].w->rows) {   /* this thread's rows of out[i] */
             const int a = r0 - base > 0 ? r0 - base : 0, b = r1 - base < out[i].w->rows ? r1 - base : out[i].w->rows;
             for (int o = a; o < b; o += ROW_TILE)
@@ -770,6 +836,47 @@ static void *copy_to_huge_pages(void *map, size_t size, size_t *alloc_size) {
     return anon;
 }
 
+/* --hugepages, in the private copy: an int8 matrix's rows stored in pairs, the 64-byte chunks of
+ * rows 2p and 2p+1 alternating (q8_row). Decode then reads two rows as one stream and loads each
+ * activation once for both (dot_q8_pair): on the Zen 4 VM, 2 threads, the paired ratio went from
+ * 0.81-0.82 to 0.83-0.85 with reads of 56-59 GB/s (bench/README.md). Only in builds with that
+ * kernel (AVX-512 VNNI), where it takes whole blocks of 8 groups (the chunks are then whole), and
+ * for a stacked matrix only if each expert's row count `slice` is even (its slices start on a
+ * pair). Returns -1 if out of memory. */
+static int pair_q8_rows(ZayaMatrix *w, int slice) {
+    const int cols = w->cols, G = w->group_size;
+#if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+    return 0;   /* the portable kernels read a paired row chunk by chunk: slower, so rows stay alone */
+#endif
+    if (w->dtype != ZAYA_Q8 || G % 8 || cols % (8 * G) || slice % 2 || w->rows < 2) return 0;
+    int8_t *tmp = malloc((size_t)2 * cols);
+    if (!tmp) return -1;
+    for (int r = 0; r + 1 < w->rows; r += 2) {
+        int8_t *pair = (int8_t *)w->data + (size_t)r * cols;   /* writable: the copy in huge pages */
+        memcpy(tmp, pair, (size_t)2 * cols);
+        for (int c = 0; c < cols; c += 64) {
+            memcpy(pair + 2 * c, tmp + c, 64);
+            memcpy(pair + 2 * c + 64, tmp + cols + c, 64);
+        }
+    }
+    free(tmp);
+    w->pair_rows = w->rows & ~1;
+    return 0;
+}
+
+static int pair_model_rows(ZayaModel *m) {
+    const ZayaConfig *c = &m->config;
+    int rc = pair_q8_rows(&m->embed_tokens, 2);
+    for (int l = 0; l < c->num_layers && rc == 0; l++) {
+        ZayaLayer *L = &m->layers[l];
+        ZayaMatrix *plain[] = {&L->q_proj, &L->k_proj, &L->v_proj_current, &L->v_proj_delayed, &L->o_proj};
+        for (int i = 0; i < 5 && rc == 0; i++) rc = pair_q8_rows(plain[i], 2);
+        if (rc == 0) rc = pair_q8_rows(&L->experts_gate_up, 2 * c->moe_intermediate);
+        if (rc == 0) rc = pair_q8_rows(&L->experts_down, c->hidden_size);
+    }
+    return rc;
+}
+
 int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errlen) {
     const int verify_crc = flags & ZAYA_LOAD_VERIFY;
     memset(m, 0, sizeof *m);
@@ -867,6 +974,8 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
             rc = fail(err, errlen, "%s: tokenizer section: %s", path, terr);
         }
     }
+    if (rc == 0 && (flags & ZAYA_LOAD_HUGEPAGES) && pair_model_rows(m) != 0)
+        rc = fail(err, errlen, "out of memory while storing the int8 rows in pairs\n  hint: run without --hugepages");
     if (rc != 0) { zaya_free(m); return -1; }
     return 0;
 }

@@ -17,6 +17,7 @@ import os
 import shutil
 
 from harness import BUILD, check, finish, need_fixtures, prompt_ids, read_npy, run
+from test_dims import small_tokenizer
 
 PUBLIC = need_fixtures("public")
 os.makedirs(BUILD, exist_ok=True)
@@ -85,6 +86,48 @@ shutil.rmtree(d_t2, ignore_errors=True)
 rc, _, err = run(["./zaya_omp", q8_blob, "--ids", IDS, "--dump", d_t2, "--dump-filter", "^logits$", "--threads", "2"])
 check(rc == 0 and read_npy(os.path.join(d_t2, "logits.npy"))[1] == a,
       "int8: the OpenMP build on 2 threads gives the 1-thread logits bit for bit", err[-300:])
+
+
+# --hugepages stores the int8 rows in pairs (ZayaMatrix.pair_rows) where rows hold whole blocks of 8
+# groups, in builds with the AVX-512 VNNI kernels; the fixture's matrices mostly do not, so a
+# checkpoint whose do (hidden, o_proj input and expert width 512; vocabulary 997, so the LM head's
+# last row stays alone): prompt and 4 decode steps give the same bits with and without pairs, at group
+# size 64 and 32, on 1 and 2 threads; and the sanitizer build (portable kernels, rows left alone) too.
+def paired_rows_case():
+    tok = small_tokenizer(need_fixtures("tokenizer", "model"), os.path.join(BUILD, "pairs_tokenizer_1000"))
+    ckpt = os.path.join(BUILD, "pairs_ckpt")
+    rc, _, err = run(["python3", "bench/make_checkpoint.py", ckpt, "--hidden", "512", "--layers", "2", "--heads", "4",
+                      "--kv-heads", "2", "--head-dim", "128", "--experts", "3", "--moe-intermediate", "512",
+                      "--router-hidden", "16", "--vocab", "997", "--seed", "5", "--skip-bias", "0.04",
+                      "--tokenizer-dir", tok, "--force", "--quiet"])
+    if not check(rc == 0, "make_checkpoint: dimensions whose int8 rows --hugepages pairs", err[-400:]):
+        return
+    for group in ("64", "32"):
+        blob = os.path.join(BUILD, f"pairs_g{group}.bin")
+        rc, _, err = run(["python3", "export_weights.py", ckpt, blob, "--dtype", "int8", "--group-size", group,
+                          "--chat-format", "none"])
+        if not check(rc == 0, f"export it (int8, group size {group})", err[-400:]):
+            continue
+        dumps = {}
+        for label, cmd in (("rows alone", ["./zaya"]), ("pairs", ["./zaya", "--hugepages"]),
+                           ("pairs, 2 threads", ["./zaya_omp", "--hugepages", "--threads", "2"]),
+                           ("--hugepages, portable kernels", ["./zaya_debug", "--hugepages"])):
+            d = os.path.join(BUILD, f"pairs_g{group}_{len(dumps)}")
+            shutil.rmtree(d, ignore_errors=True)
+            rc, _, err = run([cmd[0], blob, *cmd[1:], "--ids", "2,17,300,45,99,512,7,8,9", "-n", "4", "-t", "0", "--dump", d])
+            if check(rc == 0, f"group {group}, {label}: --dump of the prompt and 4 decode steps", err[-300:]):
+                dumps[label] = d
+        base = dumps.get("rows alone")
+        for label, d in dumps.items():
+            if label == "rows alone" or not base:
+                continue
+            files = sorted(f for f in os.listdir(base) if f.endswith(".npy"))
+            same = files and all(read_npy(os.path.join(base, f))[1] == read_npy(os.path.join(d, f))[1] for f in files)
+            check(same, f"group {group}, {label}: every dumped tensor ({len(files)}) bit for bit as with rows alone",
+                  f"{base} vs {d}")
+
+
+paired_rows_case()
 
 
 def weight_bytes(blob):     # the file without its tokenizer section (header offset 64: its size)

@@ -8,7 +8,9 @@
  *   fp32, bf16: relative L2 <= 1e-5 (only the summation order differs);
  *   int8: relative L2 <= 1e-4 (the fast kernel rounds the activations to int16 per group of the
  *         weights: ~1.5e-5 relative per value; the reference multiplies float activations).
- * It also checks that two calls give the same bits. Prints PASS/FAIL lines.
+ * It also checks that two calls give the same bits, and that int8 rows stored in pairs (what
+ * zaya_load does with ZAYA_LOAD_HUGEPAGES) give the same bits as rows stored alone, odd row counts
+ * and row tails included. Prints PASS/FAIL lines.
  */
 #include "zaya.h"
 
@@ -53,7 +55,7 @@ static void run_case(int dtype, int rows, int cols, int group) {
         }
         data = q;
     }
-    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_Q8 ? group : 0, data, scales};
+    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_Q8 ? group : 0, data, scales, 0};
     zaya_matvec_ref(yr, &m, x);
     zaya_matvec(y, &m, x);
     zaya_matvec(y2, &m, x);
@@ -68,6 +70,25 @@ static void run_case(int dtype, int rows, int cols, int group) {
     else { printf("FAIL matvec %s: fast vs reference rel L2 %.2e > %.0e\n", label, rel, tol); failures++; }
     if (memcmp(y, y2, (size_t)rows * sizeof(float)) == 0) printf("PASS matvec %s: deterministic\n", label);
     else { printf("FAIL matvec %s: two calls differ\n", label); failures++; }
+    if (dtype == ZAYA_Q8 && cols % 64 == 0 && rows >= 2) {   /* rows in pairs (ZayaMatrix.pair_rows) */
+        int8_t *p = malloc(n);
+        memcpy(p, data, n);
+        for (int r = 0; r + 1 < rows; r += 2)   /* the 64-byte chunks of rows r and r+1 alternate */
+            for (int c = 0; c < cols; c += 64) {
+                memcpy(p + (size_t)r * cols + 2 * c, (int8_t *)data + (size_t)r * cols + c, 64);
+                memcpy(p + (size_t)r * cols + 2 * c + 64, (int8_t *)data + (size_t)(r + 1) * cols + c, 64);
+            }
+        ZayaMatrix mp = m;
+        mp.data = p;
+        mp.pair_rows = rows & ~1;
+        zaya_matvec(y2, &mp, x);
+        int same = memcmp(y, y2, (size_t)rows * sizeof(float)) == 0;
+        zaya_matvec_ref(y2, &mp, x);
+        same = same && memcmp(yr, y2, (size_t)rows * sizeof(float)) == 0;
+        printf("%s matvec %s: rows in pairs give the same bits (fast and reference)\n", same ? "PASS" : "FAIL", label);
+        failures += !same;
+        free(p);
+    }
     if (data != wf) free(data);
     free(wf); free(x); free(y); free(y2); free(yr); free(scales);
 }
