@@ -65,7 +65,7 @@ static inline float bf16_to_f32(uint16_t b) {
 }
 
 /* Rows [row0, row0+nrows) of a matrix as a matrix of their own (used for one expert's slice; row0 is
- * even where the rows are in pairs: pair_q8_rows pairs a stacked matrix only then). */
+ * a multiple of ZAYA_Q8_INTERLEAVE where rows are interleaved: interleave_q8_rows sees to it). */
 static ZayaMatrix matrix_rows(const ZayaMatrix *m, int row0, int nrows) {
     ZayaMatrix r = *m;
     size_t start = (size_t)row0 * (size_t)m->cols;
@@ -75,17 +75,20 @@ static ZayaMatrix matrix_rows(const ZayaMatrix *m, int row0, int nrows) {
     else {
         r.data = (const int8_t *)m->data + start;
         r.scales = m->scales + start / (size_t)m->group_size;
-        r.pair_rows = m->pair_rows - row0 < 0 ? 0 : m->pair_rows - row0 < nrows ? m->pair_rows - row0 : nrows;
+        const int il = m->interleaved_rows - row0;
+        r.interleaved_rows = il < 0 ? 0 : il < nrows ? il : nrows;
     }
     return r;
 }
 
 /* Where int8 row `row` starts, and *pitch, the distance between its 64-byte chunks: 64 for a row
- * stored alone, 128 for a row of a pair (ZayaMatrix.pair_rows), whose partner's chunks sit between. */
+ * stored alone, 64 * ZAYA_Q8_INTERLEAVE for an interleaved row (ZayaMatrix.interleaved_rows), the
+ * chunks of the other rows of its group sitting between. */
 static const int8_t *q8_row(const ZayaMatrix *m, int row, int *pitch) {
     const int8_t *d = m->data;
-    *pitch = row < m->pair_rows ? 128 : 64;
-    return row < m->pair_rows ? d + (size_t)(row & ~1) * (size_t)m->cols + (row & 1) * 64 : d + (size_t)row * (size_t)m->cols;
+    const int R = ZAYA_Q8_INTERLEAVE, first = row / R * R;   /* the group's first row */
+    *pitch = row < m->interleaved_rows ? 64 * R : 64;
+    return row < m->interleaved_rows ? d + (size_t)first * (size_t)m->cols + (row - first) * 64 : d + (size_t)row * (size_t)m->cols;
 }
 
 /* The weight at storage position q (zaya_q8_position) of a row whose 64-byte chunks are pitch apart
@@ -341,42 +344,46 @@ dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, 
     }
 }
 
-/* Rows w and w + 64 of a pair (pitch 128, ZayaMatrix.pair_rows) against one token: decode reads the
- * pair as one weight stream, and each activation load serves both rows (the kernel is bound by its
- * loads: two 64-byte loads of activations for two 32-byte loads of weights). Per row the same
- * operations in the same order as dot_q8_n with nt = 1, so the same results. */
-static void dot_q8_pair(float *out, const int8_t *w, const float *ws0, const float *ws1, const int16_t *xq,
-                        const float *xs, int n, int group) {
+/* The ZAYA_Q8_INTERLEAVE rows of an interleaved group (ZayaMatrix.interleaved_rows; row r's chunks at
+ * w + 64 r, 64 R apart) against one token: decode reads the group as one weight stream, and each
+ * activation load serves all its rows (the kernel is bound by its loads: two 64-byte loads of
+ * activations for two 32-byte loads of weights). ws: the first row's scales, the next rows' follow
+ * n / group apart. Per row the same operations in the same order as dot_q8_n with nt = 1, so the
+ * same results. */
+static void dot_q8_interleaved(float *out, const int8_t *w, const float *ws, const int16_t *xq, const float *xs,
+                               int n, int group) {
+    enum { R = ZAYA_Q8_INTERLEAVE };
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     const int block = 8 * group, nb = group % 8 ? 0 : n / block;
-    if (nb && nb * 8 == n / group) {   /* what pair_q8_rows requires; else the general path below */
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    if (nb && nb * 8 == n / group) {   /* what interleave_q8_rows requires; else the general path below */
+        __m256 a[R];
+        for (int r = 0; r < R; r++) a[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
-            __m512i s00 = _mm512_setzero_si512(), s01 = s00, s10 = s00, s11 = s00;   /* row, chain */
-            const int8_t *wb = w + (size_t)b * block * 2;
+            __m512i s0[R], s1[R];   /* per row, two chains */
+            for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm512_setzero_si512();
+            const int8_t *wb = w + (size_t)b * block * R;
             const int16_t *xb = xq + (size_t)b * block;
 #pragma GCC unroll 8
             for (int s = 0; s < block; s += 64) {
                 const __m512i x0 = _mm512_loadu_si512(xb + s), x1 = _mm512_loadu_si512(xb + s + 32);
-                s00 = _mm512_dpwssd_epi32(s00, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + 2 * s))), x0);
-                s01 = _mm512_dpwssd_epi32(s01, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + 2 * s + 32))), x1);
-                s10 = _mm512_dpwssd_epi32(s10, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + 2 * s + 64))), x0);
-                s11 = _mm512_dpwssd_epi32(s11, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + 2 * s + 96))), x1);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *c = wb + (size_t)s * R + 64 * r;   /* row r's chunk */
+                    s0[r] = _mm512_dpwssd_epi32(s0[r], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)c)), x0);
+                    s1[r] = _mm512_dpwssd_epi32(s1[r], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(c + 32))), x1);
+                }
             }
             const __m256 xsb = _mm256_loadu_ps(xs + (size_t)b * 8);
-            const __m512i t0 = _mm512_add_epi32(s00, s01), t1 = _mm512_add_epi32(s10, s11);
-            const __m256i r0 = _mm256_add_epi32(_mm512_castsi512_si256(t0), _mm512_extracti64x4_epi64(t0, 1));
-            const __m256i r1 = _mm256_add_epi32(_mm512_castsi512_si256(t1), _mm512_extracti64x4_epi64(t1, 1));
-            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r0), _mm256_mul_ps(_mm256_loadu_ps(ws0 + (size_t)b * 8), xsb), a0);
-            a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(r1), _mm256_mul_ps(_mm256_loadu_ps(ws1 + (size_t)b * 8), xsb), a1);
+            for (int r = 0; r < R; r++) {
+                const __m512i t = _mm512_add_epi32(s0[r], s1[r]);
+                const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+                a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(_mm256_loadu_ps(ws + (size_t)r * (n / group) + (size_t)b * 8), xsb), a[r]);
+            }
         }
-        out[0] = sum_lanes_s8(_mm256_add_ps(a0, _mm256_setzero_ps()));
-        out[1] = sum_lanes_s8(_mm256_add_ps(a1, _mm256_setzero_ps()));
+        for (int r = 0; r < R; r++) out[r] = sum_lanes_s8(_mm256_add_ps(a[r], _mm256_setzero_ps()));
         return;
     }
 #endif
-    dot_q8_n(out, 1, w, 128, ws0, xq, 0, xs, 0, n, group);
-    dot_q8_n(out + 1, 1, w + 64, 128, ws1, xq, 0, xs, 0, n, group);
+    for (int r = 0; r < R; r++) dot_q8_n(out + r, 1, w + 64 * r, 64 * R, ws + (size_t)r * (n / group), xq, 0, xs, 0, n, group);
 }
 
 /* dot_q8_n and dot_float_n with the token count fixed at compile time, so the accumulators live in
@@ -407,12 +414,11 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
             if (w->dtype == ZAYA_Q8) {
                 int pitch;
                 const int8_t *wr = q8_row(w, o, &pitch);
-                if (nt == 1 && o % 2 == 0 && o + 1 < o1 && o + 1 < w->pair_rows) {   /* decode: a pair at once */
-                    dot_q8_pair(r, wr, w->scales + row / (size_t)G, w->scales + (row + cols) / (size_t)G,
-                                xq + (size_t)t * cols, xqs + (size_t)t * (cols / G), cols, G);
-                    y[(size_t)t * ys + o] = r[0];
-                    y[(size_t)t * ys + o + 1] = r[1];
-                    o++;
+                const int R = ZAYA_Q8_INTERLEAVE;
+                if (nt == 1 && o % R == 0 && o + R <= o1 && o + R <= w->interleaved_rows) {   /* decode: a group at once */
+                    dot_q8_interleaved(r, wr, w->scales + row / (size_t)G, xq + (size_t)t * cols, xqs + (size_t)t * (cols / G), cols, G);
+                    for (int k = 0; k < R; k++) y[(size_t)t * ys + o + k] = r[k];
+                    o += R - 1;
                     continue;
                 }
                 dot_q8(r, nt, wr, pitch, w->scales + row / (size_t)G, xq + (size_t)t * cols, (size_t)cols,
@@ -459,8 +465,9 @@ static void matmul(const MatmulOut *out, int count, const float *x, int xs, int 
             }
 #pragma omp barrier
         }
-        /* this thread's rows: an even start, so that a pair of int8 rows goes to one thread */
-        const int r0 = (int)((long long)rows * me / nth) & ~1, r1 = me + 1 == nth ? rows : (int)((long long)rows * (me + 1) / nth) & ~1;
+        /* this thread's rows, from a multiple of ZAYA_Q8_INTERLEAVE: a group of interleaved rows goes to one thread */
+        const int R = ZAYA_Q8_INTERLEAVE;
+        const int r0 = (int)((long long)rows * me / nth) / R * R, r1 = me + 1 == nth ? rows : (int)((long long)rows * (me + 1) / nth) / R * R;
         for (int i = 0, base = 0; i < count; base += out[i++].w->rows) {   /* this thread's rows of out[i] */
             const int a = r0 - base > 0 ? r0 - base : 0, b = r1 - base < out[i].w->rows ? r1 - base : out[i].w->rows;
             for (int o = a; o < b; o += ROW_TILE)
@@ -836,43 +843,42 @@ static void *copy_to_huge_pages(void *map, size_t size, size_t *alloc_size) {
     return anon;
 }
 
-/* --hugepages, in the private copy: an int8 matrix's rows stored in pairs, the 64-byte chunks of
- * rows 2p and 2p+1 alternating (q8_row). Decode then reads two rows as one stream and loads each
- * activation once for both (dot_q8_pair): on the Zen 4 VM, 2 threads, the paired ratio went from
- * 0.81-0.82 to 0.83-0.85 with reads of 56-59 GB/s (bench/README.md). Only in builds with that
- * kernel (AVX-512 VNNI), where it takes whole blocks of 8 groups (the chunks are then whole), and
- * for a stacked matrix only if each expert's row count `slice` is even (its slices start on a
- * pair). Returns -1 if out of memory. */
-static int pair_q8_rows(ZayaMatrix *w, int slice) {
-    const int cols = w->cols, G = w->group_size;
+/* --hugepages, in the private copy: an int8 matrix's rows interleaved in groups of
+ * R = ZAYA_Q8_INTERLEAVE, the 64-byte chunks of rows Rp .. Rp+R-1 alternating (q8_row). Decode then
+ * reads R rows as one stream and loads each activation once for all of them (dot_q8_interleaved):
+ * on the Zen 4 VM, 2 threads, the paired ratio went from 0.81-0.82 to 0.83-0.85 with reads of
+ * 56-59 GB/s (pairs, bench/README.md). Only in builds with that kernel
+ * (AVX-512 VNNI), where it takes whole blocks of 8 groups (the chunks are then whole), and for a
+ * stacked matrix only if each expert's row count `slice` is a multiple of R (its slices then start
+ * on a group). The rows after the last whole group stay as they are. Returns -1 if out of memory. */
+static int interleave_q8_rows(ZayaMatrix *w, int slice) {
+    const int cols = w->cols, G = w->group_size, R = ZAYA_Q8_INTERLEAVE;
 #if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
-    return 0;   /* the portable kernels read a paired row chunk by chunk: slower, so rows stay alone */
+    return 0;   /* the portable kernels read an interleaved row chunk by chunk: slower, so rows stay */
 #endif
-    if (w->dtype != ZAYA_Q8 || G % 8 || cols % (8 * G) || slice % 2 || w->rows < 2) return 0;
-    int8_t *tmp = malloc((size_t)2 * cols);
+    if (w->dtype != ZAYA_Q8 || G % 8 || cols % (8 * G) || slice % R || w->rows < R) return 0;
+    int8_t *tmp = malloc((size_t)R * cols);
     if (!tmp) return -1;
-    for (int r = 0; r + 1 < w->rows; r += 2) {
-        int8_t *pair = (int8_t *)w->data + (size_t)r * cols;   /* writable: the copy in huge pages */
-        memcpy(tmp, pair, (size_t)2 * cols);
-        for (int c = 0; c < cols; c += 64) {
-            memcpy(pair + 2 * c, tmp + c, 64);
-            memcpy(pair + 2 * c + 64, tmp + cols + c, 64);
-        }
+    for (int first = 0; first + R <= w->rows; first += R) {
+        int8_t *g = (int8_t *)w->data + (size_t)first * cols;   /* writable: the copy in huge pages */
+        memcpy(tmp, g, (size_t)R * cols);
+        for (int c = 0; c < cols; c += 64)
+            for (int r = 0; r < R; r++) memcpy(g + (size_t)c * R + 64 * r, tmp + (size_t)r * cols + c, 64);
     }
     free(tmp);
-    w->pair_rows = w->rows & ~1;
+    w->interleaved_rows = w->rows / R * R;
     return 0;
 }
 
-static int pair_model_rows(ZayaModel *m) {
+static int interleave_model_rows(ZayaModel *m) {
     const ZayaConfig *c = &m->config;
-    int rc = pair_q8_rows(&m->embed_tokens, 2);
+    int rc = interleave_q8_rows(&m->embed_tokens, ZAYA_Q8_INTERLEAVE);
     for (int l = 0; l < c->num_layers && rc == 0; l++) {
         ZayaLayer *L = &m->layers[l];
         ZayaMatrix *plain[] = {&L->q_proj, &L->k_proj, &L->v_proj_current, &L->v_proj_delayed, &L->o_proj};
-        for (int i = 0; i < 5 && rc == 0; i++) rc = pair_q8_rows(plain[i], 2);
-        if (rc == 0) rc = pair_q8_rows(&L->experts_gate_up, 2 * c->moe_intermediate);
-        if (rc == 0) rc = pair_q8_rows(&L->experts_down, c->hidden_size);
+        for (int i = 0; i < 5 && rc == 0; i++) rc = interleave_q8_rows(plain[i], ZAYA_Q8_INTERLEAVE);
+        if (rc == 0) rc = interleave_q8_rows(&L->experts_gate_up, 2 * c->moe_intermediate);
+        if (rc == 0) rc = interleave_q8_rows(&L->experts_down, c->hidden_size);
     }
     return rc;
 }
@@ -974,8 +980,8 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
             rc = fail(err, errlen, "%s: tokenizer section: %s", path, terr);
         }
     }
-    if (rc == 0 && (flags & ZAYA_LOAD_HUGEPAGES) && pair_model_rows(m) != 0)
-        rc = fail(err, errlen, "out of memory while storing the int8 rows in pairs\n  hint: run without --hugepages");
+    if (rc == 0 && (flags & ZAYA_LOAD_HUGEPAGES) && interleave_model_rows(m) != 0)
+        rc = fail(err, errlen, "out of memory while interleaving the int8 rows\n  hint: run without --hugepages");
     if (rc != 0) { zaya_free(m); return -1; }
     return 0;
 }

@@ -56,6 +56,10 @@ typedef struct {
     unsigned char layer_types[ZAYA_MAX_LAYERS];
 } ZayaConfig;
 
+/* Rows per group of interleaved int8 rows (ZayaMatrix.interleaved_rows): pairs. Fours decoded 1-2 %
+ * faster on the Zen 4 VM but prefilled 6-20 % slower (bench/README.md). */
+#define ZAYA_Q8_INTERLEAVE 2
+
 /* A weight matrix [rows, cols] (PyTorch [out, in]) in any blob dtype. */
 typedef struct {
     int dtype;             /* ZAYA_F32, ZAYA_BF16 or ZAYA_Q8 */
@@ -63,10 +67,10 @@ typedef struct {
     int group_size;        /* Q8 only */
     const void *data;      /* rows*cols values, row-major */
     const float *scales;   /* Q8 only: rows*cols/group_size scales */
-    int pair_rows;         /* Q8 only: rows [0, pair_rows) are stored in pairs, the 64-byte chunks of
-                            * rows 2p and 2p+1 alternating (needs cols % 64 == 0; zaya_load with
-                            * ZAYA_LOAD_HUGEPAGES does this in its copy when built with the AVX-512
-                            * VNNI kernels, docs/blob-format.md); 0 = every row as in the blob */
+    int interleaved_rows;  /* Q8 only: rows [0, interleaved_rows) are stored in groups of
+                            * ZAYA_Q8_INTERLEAVE rows whose 64-byte chunks alternate (needs cols % 64
+                            * == 0; zaya_load with ZAYA_LOAD_HUGEPAGES does this in its copy when built
+                            * with the AVX-512 VNNI kernels, docs/blob-format.md); 0 = rows as in the blob */
 } ZayaMatrix;
 
 /* (x + bias) * scale on the branch plus (r + bias) * scale on the residual (HF ZayaResidualScaling). */
@@ -117,8 +121,8 @@ typedef struct {
  * name, dtype, shape, offset and size against the file size (no data is read before that), then
  * the tokenizer section. flags: ZAYA_LOAD_VERIFY also checks every tensor's CRC-32 (reads the whole
  * file); ZAYA_LOAD_HUGEPAGES copies the file into transparent-huge-page memory instead of using the
- * mmap in place (faster decode, slower load) and, with the AVX-512 VNNI kernels, stores the int8
- * matrices' rows in pairs there (ZayaMatrix.pair_rows; same results). Returns 0, or -1 with a
+ * mmap in place (faster decode, slower load) and, with the AVX-512 VNNI kernels, interleaves the
+ * int8 matrices' rows there (ZayaMatrix.interleaved_rows; same results). Returns 0, or -1 with a
  * message in err. */
 enum { ZAYA_LOAD_VERIFY = 1, ZAYA_LOAD_HUGEPAGES = 2 };
 int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errlen);

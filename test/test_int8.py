@@ -88,31 +88,32 @@ check(rc == 0 and read_npy(os.path.join(d_t2, "logits.npy"))[1] == a,
       "int8: the OpenMP build on 2 threads gives the 1-thread logits bit for bit", err[-300:])
 
 
-# --hugepages stores the int8 rows in pairs (ZayaMatrix.pair_rows) where rows hold whole blocks of 8
-# groups, in builds with the AVX-512 VNNI kernels; the fixture's matrices mostly do not, so a
-# checkpoint whose do (hidden, o_proj input and expert width 512; vocabulary 997, so the LM head's
-# last row stays alone): prompt and 4 decode steps give the same bits with and without pairs, at group
-# size 64 and 32, on 1 and 2 threads; and the sanitizer build (portable kernels, rows left alone) too.
-def paired_rows_case():
-    tok = small_tokenizer(need_fixtures("tokenizer", "model"), os.path.join(BUILD, "pairs_tokenizer_1000"))
-    ckpt = os.path.join(BUILD, "pairs_ckpt")
+# --hugepages interleaves the int8 rows in groups (ZayaMatrix.interleaved_rows) where rows hold whole
+# blocks of 8 groups, in builds with the AVX-512 VNNI kernels; the fixture's matrices mostly do not,
+# so a checkpoint whose do (hidden, o_proj input and expert width 512; vocabulary 997, so the LM
+# head's last row stays alone): prompt and 4 decode steps give the same bits with and without
+# interleaving, at group size 64 and 32, on 1 and 2 threads; and the sanitizer build (portable
+# kernels, rows left alone) too.
+def interleaved_rows_case():
+    tok = small_tokenizer(need_fixtures("tokenizer", "model"), os.path.join(BUILD, "interleave_tokenizer_1000"))
+    ckpt = os.path.join(BUILD, "interleave_ckpt")
     rc, _, err = run(["python3", "bench/make_checkpoint.py", ckpt, "--hidden", "512", "--layers", "2", "--heads", "4",
                       "--kv-heads", "2", "--head-dim", "128", "--experts", "3", "--moe-intermediate", "512",
                       "--router-hidden", "16", "--vocab", "997", "--seed", "5", "--skip-bias", "0.04",
                       "--tokenizer-dir", tok, "--force", "--quiet"])
-    if not check(rc == 0, "make_checkpoint: dimensions whose int8 rows --hugepages pairs", err[-400:]):
+    if not check(rc == 0, "make_checkpoint: dimensions whose int8 rows --hugepages interleaves", err[-400:]):
         return
     for group in ("64", "32"):
-        blob = os.path.join(BUILD, f"pairs_g{group}.bin")
+        blob = os.path.join(BUILD, f"interleave_g{group}.bin")
         rc, _, err = run(["python3", "export_weights.py", ckpt, blob, "--dtype", "int8", "--group-size", group,
                           "--chat-format", "none"])
         if not check(rc == 0, f"export it (int8, group size {group})", err[-400:]):
             continue
         dumps = {}
-        for label, cmd in (("rows alone", ["./zaya"]), ("pairs", ["./zaya", "--hugepages"]),
-                           ("pairs, 2 threads", ["./zaya_omp", "--hugepages", "--threads", "2"]),
+        for label, cmd in (("rows alone", ["./zaya"]), ("interleaved", ["./zaya", "--hugepages"]),
+                           ("interleaved, 2 threads", ["./zaya_omp", "--hugepages", "--threads", "2"]),
                            ("--hugepages, portable kernels", ["./zaya_debug", "--hugepages"])):
-            d = os.path.join(BUILD, f"pairs_g{group}_{len(dumps)}")
+            d = os.path.join(BUILD, f"interleave_g{group}_{len(dumps)}")
             shutil.rmtree(d, ignore_errors=True)
             rc, _, err = run([cmd[0], blob, *cmd[1:], "--ids", "2,17,300,45,99,512,7,8,9", "-n", "4", "-t", "0", "--dump", d])
             if check(rc == 0, f"group {group}, {label}: --dump of the prompt and 4 decode steps", err[-300:]):
@@ -127,7 +128,7 @@ def paired_rows_case():
                   f"{base} vs {d}")
 
 
-paired_rows_case()
+interleaved_rows_case()
 
 
 def weight_bytes(blob):     # the file without its tokenizer section (header offset 64: its size)
