@@ -350,6 +350,7 @@ dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, 
  * activations for two 32-byte loads of weights). ws: the first row's scales, the next rows' follow
  * n / group apart. Per row the same operations in the same order as dot_q8_n with nt = 1, so the
  * same results. */
+_Static_assert(ZAYA_Q8_INTERLEAVE <= DOT_TOKENS, "matmul_rows takes a group's results in r[DOT_TOKENS]");
 static void dot_q8_interleaved(float *out, const int8_t *w, const float *ws, const int16_t *xq, const float *xs,
                                int n, int group) {
     enum { R = ZAYA_Q8_INTERLEAVE };
