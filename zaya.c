@@ -280,6 +280,27 @@ static float dot_f32(const float *w, const float *x, int n) {
  * Both are in the interleaved order: in a block of 8 groups, position p belongs to group p/2 % 8,
  * so 16-bit lanes pair up into 8 int32 lanes, one per group, and no horizontal sums are needed.
  * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
+/* The int8 kernels' SIMD form: AVX-512 with VNNI (vpdpwssd) and VL. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define Q8_VNNI 1
+#else
+#define Q8_VNNI 0
+#endif
+
+/* Whether rows of n int8 values in groups of `group` are whole blocks of 8 groups with a group size
+ * the SIMD steps of 64 values divide: then every 64-byte chunk of a row is whole. */
+static int q8_whole_blocks(int n, int group) { return group % 8 == 0 && n > 0 && n % (8 * group) == 0; }
+
+#if Q8_VNNI
+/* acc += the 8 group sums of one block times weight scale times activation scale: int32 lanes k and
+ * k+8 of s0 + s1 belong to group k. */
+static inline __m256 q8_block_acc(__m256 acc, __m512i s0, __m512i s1, __m256 wscale, const float *xs) {
+    const __m512i s2 = _mm512_add_epi32(s0, s1);
+    const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s2), _mm512_extracti64x4_epi64(s2, 1));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(wscale, _mm256_loadu_ps(xs)), acc);
+}
+#endif
+
 /* PREFETCH_AHEAD (bytes, off unless defined at build time): a software prefetch of the weight stream
  * into L1 that far ahead. The hardware prefetchers alone gave the fastest decode on the Zen 4 VM
  * (2026-11-24, 1 thread, same rounds: 15.1-16.2 tok/s; 4096 ahead 10.4-10.9; 8192 into L2 13.8-15.0; with the unroll
@@ -292,7 +313,7 @@ dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, 
     for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]);
     const int block = 8 * group, nb = group % 2 ? 0 : n / block;
     int b = 0;
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if Q8_VNNI
     __m256 a[DOT_TOKENS];
     for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_ps();
     if (group % 8 == 0)   /* 64 values per iteration: two 512-bit steps, two chains per token */
@@ -315,11 +336,7 @@ dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, 
                 }
             }
             __m256 wscale = _mm256_loadu_ps(ws + (size_t)b * 8);
-            for (int t = 0; t < nt; t++) {   /* int32 lane k and lane k+8 both belong to group k */
-                __m512i s2 = _mm512_add_epi32(isum0[t], isum1[t]);
-                __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s2), _mm512_extracti64x4_epi64(s2, 1));
-                a[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(wscale, _mm256_loadu_ps(xs + t * xs_stride + (size_t)b * 8)), a[t]);
-            }
+            for (int t = 0; t < nt; t++) a[t] = q8_block_acc(a[t], isum0[t], isum1[t], wscale, xs + t * xs_stride + (size_t)b * 8);
         }
     if (b == nb && nb * 8 == n / group) {   /* no tail: the lane sums in registers (lanes 8..15 are 0) */
         for (int t = 0; t < nt; t++) out[t] = sum_lanes_s8(_mm256_add_ps(a[t], _mm256_setzero_ps()));
@@ -354,9 +371,9 @@ _Static_assert(ZAYA_Q8_INTERLEAVE <= DOT_TOKENS, "matmul_rows takes a group's re
 static void dot_q8_interleaved(float *out, const int8_t *w, const float *ws, const int16_t *xq, const float *xs,
                                int n, int group) {
     enum { R = ZAYA_Q8_INTERLEAVE };
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    const int block = 8 * group, nb = group % 8 ? 0 : n / block;
-    if (nb && nb * 8 == n / group) {   /* what interleave_q8_rows requires; else the general path below */
+#if Q8_VNNI
+    if (q8_whole_blocks(n, group)) {   /* what interleave_q8_rows requires; else the general path below */
+        const int block = 8 * group, nb = n / block;
         __m256 a[R];
         for (int r = 0; r < R; r++) a[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
@@ -373,12 +390,8 @@ static void dot_q8_interleaved(float *out, const int8_t *w, const float *ws, con
                     s1[r] = _mm512_dpwssd_epi32(s1[r], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(c + 32))), x1);
                 }
             }
-            const __m256 xsb = _mm256_loadu_ps(xs + (size_t)b * 8);
-            for (int r = 0; r < R; r++) {
-                const __m512i t = _mm512_add_epi32(s0[r], s1[r]);
-                const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
-                a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(_mm256_loadu_ps(ws + (size_t)r * (n / group) + (size_t)b * 8), xsb), a[r]);
-            }
+            for (int r = 0; r < R; r++)
+                a[r] = q8_block_acc(a[r], s0[r], s1[r], _mm256_loadu_ps(ws + (size_t)r * (n / group) + (size_t)b * 8), xs + (size_t)b * 8);
         }
         for (int r = 0; r < R; r++) out[r] = sum_lanes_s8(_mm256_add_ps(a[r], _mm256_setzero_ps()));
         return;
@@ -854,10 +867,8 @@ static void *copy_to_huge_pages(void *map, size_t size, size_t *alloc_size) {
  * on a group). The rows after the last whole group stay as they are. Returns -1 if out of memory. */
 static int interleave_q8_rows(ZayaMatrix *w, int slice) {
     const int cols = w->cols, G = w->group_size, R = ZAYA_Q8_INTERLEAVE;
-#if !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
-    return 0;   /* the portable kernels read an interleaved row chunk by chunk: slower, so rows stay */
-#endif
-    if (w->dtype != ZAYA_Q8 || G % 8 || cols % (8 * G) || slice % R || w->rows < R) return 0;
+    /* the portable kernels read an interleaved row chunk by chunk (slower), so there rows stay */
+    if (!Q8_VNNI || w->dtype != ZAYA_Q8 || !q8_whole_blocks(cols, G) || slice % R || w->rows < R) return 0;
     int8_t *tmp = malloc((size_t)R * cols);
     if (!tmp) return -1;
     for (int first = 0; first + R <= w->rows; first += R) {
