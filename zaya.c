@@ -1011,10 +1011,13 @@ void zaya_free(ZayaModel *m) {
 
 static int conv_state_len(const ZayaConfig *c) { return (c->cca_time0 - 1) + (c->cca_time1 - 1); }
 
-/* Offset of position pos of KV head kvh in a layer's key_cache / value_cache ([nkv, cache_len, d];
- * a sliding layer's cache is a ring of cache_len slots). */
+/* The slot of position pos in a layer's KV cache: a sliding layer's cache is a ring of cache_len
+ * slots; a full layer's holds every position (no division there: attention asks for each key twice). */
+static int kv_slot(const ZayaLayerState *ls, int pos) { return pos < ls->cache_len ? pos : pos % ls->cache_len; }
+
+/* Offset of position pos of KV head kvh in a layer's key_cache / value_cache ([nkv, cache_len, d]). */
 static size_t kv_row(const ZayaLayerState *ls, int kvh, int pos, int d) {
-    return ((size_t)kvh * (size_t)ls->cache_len + (size_t)(pos % ls->cache_len)) * (size_t)d;
+    return ((size_t)kvh * (size_t)ls->cache_len + (size_t)kv_slot(ls, pos)) * (size_t)d;
 }
 
 int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t errlen) {
@@ -1257,7 +1260,7 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
         for (int kvh = 0; kvh < nkv; kvh++) {
             memset(out + (size_t)kvh * g * d, 0, (size_t)g * d * sizeof(float));
             for (int t = first, nt; t <= pos; t += nt) {   /* four positions per pass over o where they are adjacent */
-                const int slot = t % ls->cache_len;
+                const int slot = kv_slot(ls, t);
                 nt = pos - t + 1 >= 4 && ls->cache_len - slot >= 4 ? 4 : 1;
                 const float *v = ls->value_cache + kv_row(ls, kvh, t, d);
                 for (int j = t + KV_AHEAD; j < t + KV_AHEAD + nt && j <= pos; j++) prefetch_kv_row(ls, ls->value_cache, kvh, j, d);
