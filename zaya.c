@@ -1425,14 +1425,10 @@ static void moe_block(const ZayaModel *m, ZayaState *s, int layer, int n) {
         ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, e * 2 * I, 2 * I);
         ZayaMatrix down = matrix_rows(&L->experts_down, e * H, H);
         MATMUL(s->expert_hidden, 2 * I, &gate_up, s->expert_in, H, cnt);        /* gate = rows 0..I-1, up = I..2I-1 */
-        /* SiLU(gate) * up on all threads: an expf a value, 6.7-10 us for I = 2,048 on one Zen 4 core,
-         * the longest serial step of a layer (hot, 2 threads: 9.5-10.1 -> 5.8-6.1 us) */
-#pragma omp parallel for collapse(2) schedule(static) if ((size_t)cnt * I >= 1024)
-        for (int j = 0; j < cnt; j++)
-            for (int i = 0; i < I; i++) {
-                float *gate = s->expert_hidden + (size_t)j * 2 * I, *up = gate + I;
-                gate[i] = silu(gate[i]) * up[i];
-            }
+        for (int j = 0; j < cnt; j++) {
+            float *gate = s->expert_hidden + (size_t)j * 2 * I, *up = gate + I;
+            for (int i = 0; i < I; i++) gate[i] = silu(gate[i]) * up[i];
+        }
         MATMUL(s->expert_out, H, &down, s->expert_hidden, 2 * I, cnt);
         for (int j = 0; j < cnt; j++)                                            /* y = weight * down(...) */
             for (int i = 0; i < H; i++)
