@@ -447,45 +447,67 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
 /* One product of a matmul: Y[t][o] = W[o] . X[t], Y's rows `ys` apart. */
 typedef struct { const ZayaMatrix *w; float *y; int ys; } MatmulOut;
 
+/* Rows [a, b) of one product, in tiles of ROW_TILE rows whose weights stay in L2 while all n
+ * tokens meet them: a batch reads the weights from memory once. */
+#define ROW_TILE 64
+static void matmul_tiles(const MatmulOut *out, const float *x, int xs, int n, const int16_t *xq, const float *xqs, int a, int b) {
+    for (int o = a; o < b; o += ROW_TILE)
+        matmul_rows(out->y, out->ys, out->w, x, xs, n, xq, xqs, o, o + ROW_TILE < b ? o + ROW_TILE : b);
+}
+
+/* This thread's number and the team's size (0 and 1 outside a parallel region or without OpenMP). */
+static void this_thread(int *me, int *nth) {
+    *me = 0, *nth = 1;
+#ifdef _OPENMP
+    *me = omp_get_thread_num(), *nth = omp_get_num_threads();
+#endif
+}
+
+/* Thread me's equal share [*a, *b) of [0, total), cut at multiples of `unit` (the last thread
+ * takes the rest). */
+static void thread_share(int total, int unit, int me, int nth, int *a, int *b) {
+    *a = (int)((long long)total * me / nth) / unit * unit;
+    *b = me + 1 == nth ? total : (int)((long long)total * (me + 1) / nth) / unit * unit;
+}
+
+/* For int8 weights w: quantizes thread me's equal share of the groups of X (n tokens, rows xs
+ * apart) into xq/xqs, then waits for the other threads, since every thread's rows read all of X.
+ * Nothing for float weights. Call it inside the parallel region. */
+static void quantize_share(const ZayaMatrix *w, const float *x, int xs, int n, int16_t *xq, float *xqs, int me, int nth) {
+    if (w->dtype != ZAYA_Q8) return;
+    const int cols = w->cols, G = w->group_size, ng = cols / G;
+    const long groups = (long)n * ng;
+    for (long i = groups * me / nth; i < groups * (me + 1) / nth; i++) {
+        const long t = i / ng;
+        quantize_q16(xq + t * cols, xqs + t * ng, x + t * xs, cols, G, (int)(i % ng));
+    }
+#pragma omp barrier
+}
+
 /* The products of `count` matrices with the same input X (n tokens, rows xs apart; xq and xqs hold
  * its int16 form). One parallel region: the threads quantize equal shares of X for int8 weights,
  * then take equal shares of all the matrices' output rows together (so small matrices such as
- * k_proj do not each pay for starting the threads), walked in tiles of ROW_TILE rows whose
- * weights stay in L2 while all n tokens meet them: a batch reads the weights from memory once.
- * Each token's result is the same dot product whatever n, the tiling or the thread count, so
- * results are identical for any thread count and for prefill in batches or token by token. */
-#define ROW_TILE 64
+ * k_proj do not each pay for starting the threads). Each token's result is the same dot product
+ * whatever n, the tiling or the thread count, so results are identical for any thread count and
+ * for prefill in batches or token by token. */
 static void matmul(const MatmulOut *out, int count, const float *x, int xs, int n, int16_t *xq, float *xqs) {
     const ZayaMatrix *w0 = out[0].w;
-    const int cols = w0->cols, G = w0->group_size;
     int rows = 0;
     for (int i = 0; i < count; rows += out[i++].w->rows)
-        if (out[i].w->dtype != w0->dtype || out[i].w->group_size != G) {   /* a blob that mixes formats */
+        if (out[i].w->dtype != w0->dtype || out[i].w->group_size != w0->group_size) {   /* a blob that mixes formats */
             for (int j = 0; j < count; j++) matmul(&out[j], 1, x, xs, n, xq, xqs);
             return;
         }
-    const int ng = w0->dtype == ZAYA_Q8 ? cols / G : 0;    /* activation groups per token */
-    const long groups = (long)n * ng;
-#pragma omp parallel if ((size_t)rows * cols * n >= 65536)
+#pragma omp parallel if ((size_t)rows * w0->cols * n >= 65536)
     {
-        int me = 0, nth = 1;
-#ifdef _OPENMP
-        me = omp_get_thread_num(), nth = omp_get_num_threads();
-#endif
-        if (groups) {   /* int8 weights: every thread waits until all of X is quantized */
-            for (long i = groups * me / nth; i < groups * (me + 1) / nth; i++) {
-                const long t = i / ng;
-                quantize_q16(xq + t * cols, xqs + t * ng, x + t * xs, cols, G, (int)(i % ng));
-            }
-#pragma omp barrier
-        }
+        int me, nth, r0, r1;
+        this_thread(&me, &nth);
+        quantize_share(w0, x, xs, n, xq, xqs, me, nth);
         /* this thread's rows, from a multiple of ZAYA_Q8_INTERLEAVE: a group of interleaved rows goes to one thread */
-        const int R = ZAYA_Q8_INTERLEAVE;
-        const int r0 = (int)((long long)rows * me / nth) / R * R, r1 = me + 1 == nth ? rows : (int)((long long)rows * (me + 1) / nth) / R * R;
+        thread_share(rows, ZAYA_Q8_INTERLEAVE, me, nth, &r0, &r1);
         for (int i = 0, base = 0; i < count; base += out[i++].w->rows) {   /* this thread's rows of out[i] */
             const int a = r0 - base > 0 ? r0 - base : 0, b = r1 - base < out[i].w->rows ? r1 - base : out[i].w->rows;
-            for (int o = a; o < b; o += ROW_TILE)
-                matmul_rows(out[i].y, out[i].ys, out[i].w, x, xs, n, xq, xqs, o, o + ROW_TILE < b ? o + ROW_TILE : b);
+            matmul_tiles(&out[i], x, xs, n, xq, xqs, a, b);
         }
     }
 }
@@ -1047,15 +1069,16 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t
     }
     float **bufs[] = {&s->x, &s->h, &s->u, &s->q, &s->k, &s->v, &s->vd, &s->attn_out, &s->branch,
                       &s->router_state, &s->router_a, &s->router_b, &s->router_logits, &s->router_probs,
-                      &s->expert_weight, &s->expert_in, &s->expert_hidden, &s->expert_out, &s->xq_scales,
+                      &s->expert_weight, &s->expert_in, &s->expert_hidden, &s->expert_out, &s->xq_scales, &s->xq_hidden_scales,
                       &s->conv_a, &s->q_res, &s->k_res, &s->att, &s->router_scores, &s->rope_cos,
                       &s->rope_sin, &s->logits};
     size_t sizes[] = {B * H, B * H, B * C, B * nq * d, B * nkv * d, B * nkv * d, B * nkv * d / 2, B * nq * d,
                       B * H, B * R, B * R, B * R, B * (E + 1), B * (E + 1), B, B * H, B * 2 * I, B * H,
-                      B * max_in, (size_t)(c->cca_time1 + 2) * C, nq * d, nkv * d, nq * (size_t)ctx, E + 1, d, d,
+                      B * max_in, B * I, (size_t)(c->cca_time1 + 2) * C, nq * d, nkv * d, nq * (size_t)ctx, E + 1, d, d,
                       (size_t)c->vocab_size};
     for (size_t k = 0; ok && k < sizeof sizes / sizeof sizes[0]; k++) ok = (*bufs[k] = calloc_lines(sizes[k], sizeof(float))) != NULL;
-    if (ok) ok = (s->expert = calloc(B, sizeof(int))) && (s->xq = calloc_lines(B * max_in, sizeof(int16_t)));
+    if (ok) ok = (s->expert = calloc(B, sizeof(int))) && (s->xq = calloc_lines(B * max_in, sizeof(int16_t)))
+              && (s->xq_hidden = calloc_lines(B * I, sizeof(int16_t)));
     if (!ok) {
         zaya_state_free(s);
         return fail(err, errlen, "out of memory allocating the state for %d positions\n  hint: use a smaller --ctx", ctx);
@@ -1088,11 +1111,12 @@ void zaya_state_free(ZayaState *s) {
     free(s->layers);
     float *bufs[] = {s->x, s->h, s->u, s->q, s->k, s->v, s->vd, s->attn_out, s->branch, s->router_state,
                      s->router_a, s->router_b, s->router_logits, s->router_probs, s->expert_weight,
-                     s->expert_in, s->expert_hidden, s->expert_out, s->xq_scales, s->conv_a, s->q_res,
+                     s->expert_in, s->expert_hidden, s->expert_out, s->xq_scales, s->xq_hidden_scales, s->conv_a, s->q_res,
                      s->k_res, s->att, s->router_scores, s->rope_cos, s->rope_sin, s->logits};
     for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) free(bufs[k]);
     free(s->expert);
     free(s->xq);
+    free(s->xq_hidden);
     memset(s, 0, sizeof *s);
 }
 
@@ -1401,6 +1425,41 @@ static void router(const ZayaModel *m, ZayaState *s, int layer, int n) {
     }
 }
 
+/* 3.14 one expert for its cnt tokens (expert_in, rows H apart), in one parallel region:
+ * expert_out = down_proj(SiLU(gate) * up), where gate and up are rows 0..I-1 and I..2I-1 of
+ * gate_up_proj(x). Each thread computes the same channels of gate and up, so it applies SiLU(gate)*up
+ * to its own channels and quantizes them for down_proj without reading what another thread wrote
+ * (where the two cores sit on different CCDs, each such hand-off costs microseconds). The threads
+ * wait for each other twice: once X is quantized, and once all of down_proj's input is ready.
+ * Results are those of matmul(gate_up), SiLU, matmul(down), for any thread count. */
+static void expert_swiglu(ZayaState *s, const ZayaMatrix *gate_up, const ZayaMatrix *down, int cnt) {
+    const int H = gate_up->cols, I = down->cols, R = ZAYA_Q8_INTERLEAVE, G = down->group_size;
+    const ZayaMatrix gate = matrix_rows(gate_up, 0, I), up = matrix_rows(gate_up, I, I);
+    const MatmulOut gate_out = {&gate, s->expert_hidden, 2 * I}, up_out = {&up, s->expert_hidden + I, 2 * I},
+                    down_out = {down, s->expert_out, H};
+    /* a thread's channels start at a block of down_proj's quantized input (quantize_q16's layout) */
+    const int unit = down->dtype != ZAYA_Q8 ? R : G % 2 ? R * G : 8 * G;
+#pragma omp parallel if ((size_t)3 * I * H * cnt >= 65536)
+    {
+        int me, nth, a, b;
+        this_thread(&me, &nth);
+        quantize_share(gate_up, s->expert_in, H, cnt, s->xq, s->xq_scales, me, nth);
+        thread_share(I, unit, me, nth, &a, &b);                                  /* this thread's channels */
+        matmul_tiles(&gate_out, s->expert_in, H, cnt, s->xq, s->xq_scales, a, b);
+        matmul_tiles(&up_out, s->expert_in, H, cnt, s->xq, s->xq_scales, a, b);
+        for (int t = 0; t < cnt; t++) {
+            float *g = s->expert_hidden + (size_t)t * 2 * I, *u = g + I;
+            for (int i = a; i < b; i++) g[i] = silu(g[i]) * u[i];
+            if (down->dtype == ZAYA_Q8)
+                for (int k = a / G; k < b / G; k++)
+                    quantize_q16(s->xq_hidden + (size_t)t * I, s->xq_hidden_scales + (size_t)t * (I / G), g, I, G, k);
+        }
+#pragma omp barrier
+        thread_share(H, R, me, nth, &a, &b);                                     /* this thread's rows of down_proj */
+        matmul_tiles(&down_out, s->expert_hidden, 2 * I, cnt, s->xq_hidden, s->xq_hidden_scales, a, b);
+    }
+}
+
 /* 3.12-3.15: the MoE half for n tokens: router, then each chosen expert once for all its tokens
  * (SwiGLU), or the skip class; then the residual merge. */
 static void moe_block(const ZayaModel *m, ZayaState *s, int layer, int n) {
@@ -1422,14 +1481,9 @@ static void moe_block(const ZayaModel *m, ZayaState *s, int layer, int n) {
                 idx[cnt++] = t;
             }
         if (!cnt) continue;             /* only the chosen experts' weights are read */
-        ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, e * 2 * I, 2 * I);
-        ZayaMatrix down = matrix_rows(&L->experts_down, e * H, H);
-        MATMUL(s->expert_hidden, 2 * I, &gate_up, s->expert_in, H, cnt);        /* gate = rows 0..I-1, up = I..2I-1 */
-        for (int j = 0; j < cnt; j++) {
-            float *gate = s->expert_hidden + (size_t)j * 2 * I, *up = gate + I;
-            for (int i = 0; i < I; i++) gate[i] = silu(gate[i]) * up[i];
-        }
-        MATMUL(s->expert_out, H, &down, s->expert_hidden, 2 * I, cnt);
+        const ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, e * 2 * I, 2 * I);
+        const ZayaMatrix down = matrix_rows(&L->experts_down, e * H, H);
+        expert_swiglu(s, &gate_up, &down, cnt);                                  /* expert_in -> expert_out */
         for (int j = 0; j < cnt; j++)                                            /* y = weight * down(...) */
             for (int i = 0; i < H; i++)
                 s->branch[(size_t)idx[j] * H + i] = s->expert_weight[idx[j]] * s->expert_out[(size_t)j * H + i];

@@ -183,6 +183,8 @@ typedef struct {
     float *expert_in, *expert_hidden, *expert_out;   /* tokens of one expert [B, H], [B, 2I], [B, H] */
     int16_t *xq;              /* activations quantized for int8 weights [B, max in-features] */
     float *xq_scales;
+    int16_t *xq_hidden;       /* an expert's SiLU(gate)*up quantized for down_proj [B, I] (expert_swiglu) */
+    float *xq_hidden_scales;
     /* scratch for one token */
     float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} [C, t1], then 2C floats of scratch */
     float *q_res, *k_res;     /* residual mix [nq*d], [nkv*d] */
