@@ -276,10 +276,6 @@ static float dot_f32(const float *w, const float *x, int n) {
     return r;
 }
 
-/* int8 weights x int16 activations for nt <= DOT_TOKENS tokens at once (prefill shares each weight load).
- * Both are in the interleaved order: in a block of 8 groups, position p belongs to group p/2 % 8,
- * so 16-bit lanes pair up into 8 int32 lanes, one per group, and no horizontal sums are needed.
- * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
 /* The int8 kernels' SIMD form: AVX-512 with VNNI (vpdpwssd) and VL. */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define Q8_VNNI 1
@@ -306,6 +302,10 @@ static inline __m256 q8_block_acc(__m256 acc, __m512i s0, __m512i s1, __m256 wsc
  * (2026-11-24, 1 thread, same rounds: 15.1-16.2 tok/s; 4096 ahead 10.4-10.9; 8192 into L2 13.8-15.0; with the unroll
  * below, 4096 ahead: 0.66 of a paired read against 0.85), although 4096 had been 20-25% faster than
  * 1024 there two days before: measure with bench/decode_vs_read.c before turning it on. */
+/* int8 weights x int16 activations for nt <= DOT_TOKENS tokens at once (prefill shares each weight load).
+ * Both are in the interleaved order: in a block of 8 groups, position p belongs to group p/2 % 8,
+ * so 16-bit lanes pair up into 8 int32 lanes, one per group, and no horizontal sums are needed.
+ * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
 static inline __attribute__((always_inline)) void
 dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, const int16_t *xq, size_t xq_stride,
          const float *xs, size_t xs_stride, int n, int group) {
@@ -447,6 +447,9 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
 /* One product of a matmul: Y[t][o] = W[o] . X[t], Y's rows `ys` apart. */
 typedef struct { const ZayaMatrix *w; float *y; int ys; } MatmulOut;
 
+/* Multiply-adds below which a step runs on one thread: starting the threads would cost more. */
+#define PARALLEL_MIN_WORK 65536
+
 /* Rows [a, b) of one product, in tiles of ROW_TILE rows whose weights stay in L2 while all n
  * tokens meet them: a batch reads the weights from memory once. */
 #define ROW_TILE 64
@@ -498,7 +501,7 @@ static void matmul(const MatmulOut *out, int count, const float *x, int xs, int 
             for (int j = 0; j < count; j++) matmul(&out[j], 1, x, xs, n, xq, xqs);
             return;
         }
-#pragma omp parallel if ((size_t)rows * w0->cols * n >= 65536)
+#pragma omp parallel if ((size_t)rows * w0->cols * n >= PARALLEL_MIN_WORK)
     {
         int me, nth, r0, r1;
         this_thread(&me, &nth);
@@ -1262,7 +1265,7 @@ static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *
     const float scale = 1.0f / sqrtf((float)d);    /* HF: scaling = head_dim ** -0.5 */
     const int n_keys = pos - first + 1;
     float *p = s->att;                             /* p[n * n_keys + j]: head n, key position first + j */
-#pragma omp parallel if ((size_t)nq * n_keys * d >= 65536)
+#pragma omp parallel if ((size_t)nq * n_keys * d >= PARALLEL_MIN_WORK)
     {
         /* scores q_n . k_t * scale; the key is loaded once for up to DOT_TOKENS heads */
 #pragma omp for collapse(2) schedule(static)
@@ -1439,7 +1442,7 @@ static void expert_swiglu(ZayaState *s, const ZayaMatrix *gate_up, const ZayaMat
                     down_out = {down, s->expert_out, H};
     /* a thread's channels start at a block of down_proj's quantized input (quantize_q16's layout) */
     const int unit = down->dtype != ZAYA_Q8 ? R : G % 2 ? R * G : 8 * G;
-#pragma omp parallel if ((size_t)3 * I * H * cnt >= 65536)
+#pragma omp parallel if ((size_t)3 * I * H * cnt >= PARALLEL_MIN_WORK)
     {
         int me, nth, a, b;
         this_thread(&me, &nth);
