@@ -36,12 +36,17 @@ build/test_sample: test/test_sample.c $(SRC) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_sample.c tokenizer.c trace.c -lm
 
+# test/test_decode.c: zaya_forward's decode path against its batch path (OpenMP: several threads)
+build/test_decode: test/test_decode.c $(SRC) $(HDR)
+	mkdir -p build
+	$(CC) $(CFLAGS) -fopenmp $(WARN) -DZAYA_NO_MAIN -I. -o $@ test/test_decode.c $(SRC) -lm
+
 # bench/decode_vs_read.c: decode steps alternating with plain reads of the same weight bytes (bench.sh)
 build/decode_vs_read: bench/decode_vs_read.c bench/read_sum.h $(SRC) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) -fopenmp $(WARN) -DZAYA_NO_MAIN -I. -o $@ bench/decode_vs_read.c $(SRC) -lm
 
-test: zaya zaya_omp zaya_debug build/test_kernels build/test_sample build/decode_vs_read
+test: zaya zaya_omp zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/test_decode
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 
 # the main job on real input: export a hub-format checkpoint, generate from an English prompt

@@ -487,31 +487,53 @@ static void quantize_share(const ZayaMatrix *w, const float *x, int xs, int n, i
 #pragma omp barrier
 }
 
+/* For int8 weights w: all of one token's x quantized into xq/xqs by the calling thread alone
+ * (decode_token, where each thread keeps its own copy). Nothing for float weights. */
+static void quantize_all(const ZayaMatrix *w, const float *x, int16_t *xq, float *xqs) {
+    if (w->dtype != ZAYA_Q8) return;
+    for (int g = 0; g < w->cols / w->group_size; g++) quantize_q16(xq, xqs, x, w->cols, w->group_size, g);
+}
+
+/* Thread me's equal share of the output rows of `count` products with the same input (already
+ * quantized for int8 weights), all matrices' rows taken together (so small matrices such as k_proj
+ * do not each cost the threads a meeting). Shares start at a multiple of ZAYA_Q8_INTERLEAVE: a group
+ * of interleaved rows goes to one thread. Call it inside a parallel region. */
+static void products_share(const MatmulOut *out, int count, const float *x, int xs, int n, const int16_t *xq,
+                           const float *xqs, int me, int nth) {
+    int rows = 0, r0, r1;
+    for (int i = 0; i < count; i++) rows += out[i].w->rows;
+    thread_share(rows, ZAYA_Q8_INTERLEAVE, me, nth, &r0, &r1);
+    for (int i = 0, base = 0; i < count; base += out[i++].w->rows) {   /* this thread's rows of out[i] */
+        const int a = r0 - base > 0 ? r0 - base : 0, b = r1 - base < out[i].w->rows ? r1 - base : out[i].w->rows;
+        matmul_tiles(&out[i], x, xs, n, xq, xqs, a, b);
+    }
+}
+
+/* Whether the matrices of products share a format (one quantized input serves them all). */
+static int same_format(const MatmulOut *out, int count) {
+    for (int i = 1; i < count; i++)
+        if (out[i].w->dtype != out[0].w->dtype || out[i].w->group_size != out[0].w->group_size) return 0;
+    return 1;
+}
+
 /* The products of `count` matrices with the same input X (n tokens, rows xs apart; xq and xqs hold
  * its int16 form). One parallel region: the threads quantize equal shares of X for int8 weights,
- * then take equal shares of all the matrices' output rows together (so small matrices such as
- * k_proj do not each pay for starting the threads). Each token's result is the same dot product
- * whatever n, the tiling or the thread count, so results are identical for any thread count and
- * for prefill in batches or token by token. */
+ * then take equal shares of all the matrices' output rows together. Each token's result is the same
+ * dot product whatever n, the tiling or the thread count, so results are identical for any thread
+ * count and for prefill in batches or token by token. */
 static void matmul(const MatmulOut *out, int count, const float *x, int xs, int n, int16_t *xq, float *xqs) {
-    const ZayaMatrix *w0 = out[0].w;
-    int rows = 0;
-    for (int i = 0; i < count; rows += out[i++].w->rows)
-        if (out[i].w->dtype != w0->dtype || out[i].w->group_size != w0->group_size) {   /* a blob that mixes formats */
-            for (int j = 0; j < count; j++) matmul(&out[j], 1, x, xs, n, xq, xqs);
-            return;
-        }
-#pragma omp parallel if ((size_t)rows * w0->cols * n >= PARALLEL_MIN_WORK)
+    if (!same_format(out, count)) {   /* a blob that mixes formats */
+        for (int j = 0; j < count; j++) matmul(&out[j], 1, x, xs, n, xq, xqs);
+        return;
+    }
+    size_t rows = 0;
+    for (int i = 0; i < count; i++) rows += (size_t)out[i].w->rows;
+#pragma omp parallel if (rows * out[0].w->cols * n >= PARALLEL_MIN_WORK)
     {
-        int me, nth, r0, r1;
+        int me, nth;
         this_thread(&me, &nth);
-        quantize_share(w0, x, xs, n, xq, xqs, me, nth);
-        /* this thread's rows, from a multiple of ZAYA_Q8_INTERLEAVE: a group of interleaved rows goes to one thread */
-        thread_share(rows, ZAYA_Q8_INTERLEAVE, me, nth, &r0, &r1);
-        for (int i = 0, base = 0; i < count; base += out[i++].w->rows) {   /* this thread's rows of out[i] */
-            const int a = r0 - base > 0 ? r0 - base : 0, b = r1 - base < out[i].w->rows ? r1 - base : out[i].w->rows;
-            matmul_tiles(&out[i], x, xs, n, xq, xqs, a, b);
-        }
+        quantize_share(out[0].w, x, xs, n, xq, xqs, me, nth);
+        products_share(out, count, x, xs, n, xq, xqs, me, nth);
     }
 }
 
@@ -1082,6 +1104,21 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t
     for (size_t k = 0; ok && k < sizeof sizes / sizeof sizes[0]; k++) ok = (*bufs[k] = calloc_lines(sizes[k], sizeof(float))) != NULL;
     if (ok) ok = (s->expert = calloc(B, sizeof(int))) && (s->xq = calloc_lines(B * max_in, sizeof(int16_t)))
               && (s->xq_hidden = calloc_lines(B * I, sizeof(int16_t)));
+    s->num_threads = 1;
+#ifdef _OPENMP
+    s->num_threads = omp_get_max_threads();
+#endif
+    if (ok) ok = (s->threads = calloc((size_t)s->num_threads, sizeof(ZayaThreadState))) != NULL;
+    for (int t = 0; ok && t < s->num_threads; t++) {   /* each on its own cache lines */
+        ZayaThreadState *th = &s->threads[t];
+        float **tb[] = {&th->x, &th->h, &th->y, &th->q, &th->k, &th->v, &th->q_res, &th->k_res, &th->router_state,
+                        &th->router_a, &th->router_b, &th->router_probs, &th->router_scores, &th->rope_cos,
+                        &th->rope_sin, &th->xq_scales};
+        const size_t th_in = max_in > R ? max_in : R;   /* the widest product input */
+        size_t ts[] = {H, H, H, nq * d, nkv * d, nkv * d, nq * d, nkv * d, R, R, R, E + 1, E + 1, d, d, th_in};
+        for (size_t k = 0; ok && k < sizeof ts / sizeof ts[0]; k++) ok = (*tb[k] = calloc_lines(ts[k], sizeof(float))) != NULL;
+        if (ok) ok = (th->xq = calloc_lines(th_in, sizeof(int16_t))) != NULL;
+    }
     if (!ok) {
         zaya_state_free(s);
         return fail(err, errlen, "out of memory allocating the state for %d positions\n  hint: use a smaller --ctx", ctx);
@@ -1120,6 +1157,15 @@ void zaya_state_free(ZayaState *s) {
     free(s->expert);
     free(s->xq);
     free(s->xq_hidden);
+    for (int t = 0; s->threads && t < s->num_threads; t++) {
+        ZayaThreadState *th = &s->threads[t];
+        float *tb[] = {th->x, th->h, th->y, th->q, th->k, th->v, th->q_res, th->k_res, th->router_state,
+                       th->router_a, th->router_b, th->router_probs, th->router_scores, th->rope_cos, th->rope_sin,
+                       th->xq_scales};
+        for (size_t k = 0; k < sizeof tb / sizeof tb[0]; k++) free(tb[k]);
+        free(th->xq);
+    }
+    free(s->threads);
     memset(s, 0, sizeof *s);
 }
 
@@ -1143,68 +1189,80 @@ static void tap2(ZayaState *s, int layer, int pos, const char *name, const float
 /* matmul with the state's scratch for quantized activations */
 #define MATMUL(y, ys, w, x, xs, n) matmul(&(const MatmulOut){w, y, ys}, 1, x, xs, n, s->xq, s->xq_scales)
 
-/* 3.4-3.5 for one token: the two causal convolutions over [u_{t-K} .. u_t] and the residual mix.
- * u_t = [q_tilde ; k_tilde] (q_proj and k_proj outputs); writes q and k. */
-static void cca_qk(const ZayaConfig *c, const ZayaLayer *L, ZayaLayerState *ls, ZayaState *s, int layer, int pos,
-                   const float *u_t, float *q, float *k) {
-    const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, g = nq / nkv, C = (nq + nkv) * d;
+/* 3.4 the two causal convolutions of heads [h0, h1) for one token, over [u_{t-K} .. u_t] (the conv
+ * state, then u_t = [q_tilde ; k_tilde], the q_proj and k_proj outputs); a head's channels are one
+ * group of the grouped conv, so heads are independent.
+ * depthwise conv (conv_qk_depthwise, kernel t0): a_s for s = t-t1+1 .. t, stored interleaved as
+ * conv_a[ch * t1 + kk] with kk = s - (t-t1+1), so that the grouped conv reads the head's inputs in
+ * the order of its weights [o, j, k].
+ * a_s[c] = b0[c] + sum_m w0[c,0,m] * u_{s-t0+1+m}[c]; zero-padded u gives a_{<0} = b0, not 0.
+ * grouped conv (conv_qk_grouped, kernel t1, one group of d channels per head):
+ * z_t[o] = b1[o] + sum_j sum_k w1[o,j,k] * a_{t-t1+1+k}[head*d + j], one dot product of length d*t1
+ * per output channel o of the head. */
+static void cca_conv_heads(const ZayaConfig *c, const ZayaLayer *L, const ZayaLayerState *ls, const float *u_t,
+                           float *conv_a, float *z, int h0, int h1) {
+    const int d = c->head_dim, C = (c->num_heads + c->num_kv_heads) * d;
     const int t0 = c->cca_time0, t1 = c->cca_time1, K = conv_state_len(c);
-    const float *q_tilde = u_t, *k_tilde = u_t + (size_t)nq * d;
     /* window[j] = u_{t-K+j}: the K raw columns from the conv state, then u_t */
 #define WINDOW(j) ((j) < K ? ls->conv_state + (size_t)(j) * C : u_t)
-
-    /* Per head (heads in parallel; a head's channels are one group of the grouped conv):
-     * depthwise conv (conv_qk_depthwise, kernel t0): a_s for s = t-t1+1 .. t, stored interleaved
-     * as conv_a[ch * t1 + kk] with kk = s - (t-t1+1), so that the grouped conv reads the head's
-     * inputs in the order of its weights [o, j, k].
-     * a_s[c] = b0[c] + sum_m w0[c,0,m] * u_{s-t0+1+m}[c]; zero-padded u gives a_{<0} = b0, not 0.
-     * grouped conv (conv_qk_grouped, kernel t1, one group of d channels per head):
-     * z_t[o] = b1[o] + sum_j sum_k w1[o,j,k] * a_{t-t1+1+k}[head*d + j], one dot product of
-     * length d*t1 per output channel o of the head. */
-    float *z = s->conv_a + (size_t)C * t1;   /* z_t: C floats after conv_a (then C more for the tap of a_t) */
-#pragma omp parallel for schedule(static)
-    for (int head = 0; head < nq + nkv; head++) {
+    for (int head = h0; head < h1; head++) {
         for (int ch = head * d; ch < (head + 1) * d; ch++)
             for (int kk = 0; kk < t1; kk++) {
                 float sum = L->conv_qk_depthwise_bias[ch];
                 for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * WINDOW(kk + m)[ch];
-                s->conv_a[(size_t)ch * t1 + kk] = sum;
+                conv_a[(size_t)ch * t1 + kk] = sum;
             }
         for (int o = head * d; o < (head + 1) * d; o++)
             z[o] = L->conv_qk_grouped_bias[o] + dot_f32(L->conv_qk_grouped_weight + (size_t)o * d * t1,
-                                                        s->conv_a + (size_t)head * d * t1, d * t1);
+                                                        conv_a + (size_t)head * d * t1, d * t1);
     }
 #undef WINDOW
+}
+
+/* Shifts channels [c0, c1) of the conv state: drops u_{t-K}, appends u_t (raw, pre-conv). */
+static void conv_state_push(const ZayaConfig *c, ZayaLayerState *ls, const float *u_t, int c0, int c1) {
+    const int C = (c->num_heads + c->num_kv_heads) * c->head_dim, K = conv_state_len(c);
+    for (int j = 0; j < K; j++)
+        memcpy(ls->conv_state + (size_t)j * C + c0, j + 1 < K ? ls->conv_state + (size_t)(j + 1) * C + c0 : u_t + c0,
+               sizeof(float) * (size_t)(c1 - c0));
+}
+
+/* 3.5 residual mix of u_t: q_res[n] = (q_tilde[n] + k_tilde[n/g]) * 0.5; k_res[j] = mean of q_res
+ * over its g heads. (q = conv output + q_res, k = conv output + k_res.) */
+static void cca_mix(const ZayaConfig *c, const float *u_t, float *q_res, float *k_res) {
+    const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, g = nq / nkv;
+    const float *q_tilde = u_t, *k_tilde = u_t + (size_t)nq * d;
+    for (int n = 0; n < nq; n++)
+        for (int i = 0; i < d; i++) q_res[n * d + i] = (q_tilde[n * d + i] + k_tilde[(n / g) * d + i]) * 0.5f;
+    for (int j = 0; j < nkv; j++)
+        for (int i = 0; i < d; i++) {
+            float sum = 0.0f;
+            for (int r = 0; r < g; r++) sum += q_res[(j * g + r) * d + i];
+            k_res[j * d + i] = sum / (float)g;
+        }
+}
+
+/* 3.4-3.5 for one token: the convolutions (heads in parallel), the conv state, the residual mix.
+ * u_t = [q_tilde ; k_tilde]; writes q and k. */
+static void cca_qk(const ZayaConfig *c, const ZayaLayer *L, ZayaLayerState *ls, ZayaState *s, int layer, int pos,
+                   const float *u_t, float *q, float *k) {
+    const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, C = (nq + nkv) * d, t1 = c->cca_time1;
+    float *z = s->conv_a + (size_t)C * t1;   /* z_t: C floats after conv_a (then C more for the tap of a_t) */
+#pragma omp parallel for schedule(static)
+    for (int head = 0; head < nq + nkv; head++) cca_conv_heads(c, L, ls, u_t, s->conv_a, z, head, head + 1);
     if (s->tap) {
         float *a_t = z + C;
         for (int ch = 0; ch < C; ch++) a_t[ch] = s->conv_a[(size_t)ch * t1 + t1 - 1];
         TAP(layer, pos, "self_attn.qkv_proj.conv_qk_depthwise", a_t, C);
     }
     TAP(layer, pos, "self_attn.qkv_proj.conv_qk_grouped", z, C);
-    memcpy(q, z, sizeof(float) * (size_t)nq * d);
-    memcpy(k, z + (size_t)nq * d, sizeof(float) * (size_t)nkv * d);
+    conv_state_push(c, ls, u_t, 0, C);
 
-    /* shift the conv state: drop u_{t-K}, append u_t (raw, pre-conv) */
-    if (K > 0) {
-        memmove(ls->conv_state, ls->conv_state + C, (size_t)(K - 1) * C * sizeof(float));
-        memcpy(ls->conv_state + (size_t)(K - 1) * C, u_t, (size_t)C * sizeof(float));
-    }
-
-    /* residual mix: q_res[n] = (q_tilde[n] + k_tilde[n/g]) * 0.5; k_res[j] = mean of q_res over its g heads */
-    for (int n = 0; n < nq; n++)
-        for (int i = 0; i < d; i++)
-            s->q_res[n * d + i] = (q_tilde[n * d + i] + k_tilde[(n / g) * d + i]) * 0.5f;
-    for (int j = 0; j < nkv; j++)
-        for (int i = 0; i < d; i++) {
-            float sum = 0.0f;
-            for (int r = 0; r < g; r++) sum += s->q_res[(j * g + r) * d + i];
-            s->k_res[j * d + i] = sum / (float)g;
-        }
+    cca_mix(c, u_t, s->q_res, s->k_res);
     tap2(s, layer, pos, "self_attn.qkv_proj:query_residual", s->q_res, nq, d);
     tap2(s, layer, pos, "self_attn.qkv_proj:key_residual", s->k_res, nkv, d);
-
-    for (int i = 0; i < nq * d; i++) q[i] += s->q_res[i];
-    for (int i = 0; i < nkv * d; i++) k[i] += s->k_res[i];
+    for (int i = 0; i < nq * d; i++) q[i] = z[i] + s->q_res[i];
+    for (int i = 0; i < nkv * d; i++) k[i] = z[nq * d + i] + s->k_res[i];
     tap2(s, layer, pos, "self_attn.qkv_proj:query", q, nq, d);
     tap2(s, layer, pos, "self_attn.qkv_proj:key", k, nkv, d);
 }
@@ -1253,55 +1311,79 @@ static void prefetch_kv_row(const ZayaLayerState *ls, const float *cache, int kv
     for (int i = 0; i < d; i += 16) __builtin_prefetch(row + i);   /* one 64-byte line each */
 }
 
-/* 3.9: causal attention of one token over the KV cache; query head n uses KV head n / g. Sliding
- * layers see the last `sliding_window` positions including the current one. The g query heads of a
- * KV head go together, so each cached key and value is read once for all of them (the cache holds
- * a KV head's positions one after another: a stream). */
+/* 3.9: causal attention of one token at position pos over the KV cache; query head n uses KV head
+ * n / g. Sliding layers see the last `sliding_window` positions including the current one: keys
+ * first .. pos. The g query heads of a KV head go together, so each cached key and value is read
+ * once for all of them (the cache holds a KV head's positions one after another: a stream). */
+static int attention_first(const ZayaConfig *c, int layer, int pos) {
+    return c->layer_types[layer] == ZAYA_HYBRID_SLIDING && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
+}
+
+/* Scores q_n . k_t * scale of KV head kvh's query heads for keys t in [t_from, t_to), into
+ * p[n * n_keys + t - first]; the key is loaded once for up to DOT_TOKENS heads. */
+static void attention_scores(const ZayaConfig *c, const ZayaLayerState *ls, const float *q_all, float *p, int kvh,
+                             int first, int pos, int t_from, int t_to) {
+    const int d = c->head_dim, g = c->num_heads / c->num_kv_heads, n_keys = pos - first + 1;
+    const float scale = 1.0f / sqrtf((float)d);    /* HF: scaling = head_dim ** -0.5 */
+    for (int t = t_from; t < t_to; t++) {
+        const float *key = ls->key_cache + kv_row(ls, kvh, t, d);
+        if (t + KV_AHEAD <= pos) prefetch_kv_row(ls, ls->key_cache, kvh, t + KV_AHEAD, d);
+        for (int r = 0; r < g; r += DOT_TOKENS) {
+            const int nr = g - r < DOT_TOKENS ? g - r : DOT_TOKENS, n0 = kvh * g + r;
+            float dots[DOT_TOKENS];
+            dot_float(dots, nr, key, 0, q_all + (size_t)n0 * d, (size_t)d, d);
+            for (int j = 0; j < nr; j++) p[(size_t)(n0 + j) * n_keys + (t - first)] = dots[j] * scale;
+        }
+    }
+}
+
+/* o_n = sum_t p_n[t] v_t for KV head kvh's query heads, added in position order. */
+static void attention_values(const ZayaConfig *c, const ZayaLayerState *ls, const float *p, float *out, int kvh,
+                             int first, int pos) {
+    const int d = c->head_dim, g = c->num_heads / c->num_kv_heads, n_keys = pos - first + 1;
+    memset(out + (size_t)kvh * g * d, 0, (size_t)g * d * sizeof(float));
+    for (int t = first, nt; t <= pos; t += nt) {   /* four positions per pass over o where they are adjacent */
+        const int slot = kv_slot(ls, t);
+        nt = pos - t + 1 >= 4 && ls->cache_len - slot >= 4 ? 4 : 1;
+        const float *v = ls->value_cache + kv_row(ls, kvh, t, d);
+        for (int j = t + KV_AHEAD; j < t + KV_AHEAD + nt && j <= pos; j++) prefetch_kv_row(ls, ls->value_cache, kvh, j, d);
+        for (int n = kvh * g; n < (kvh + 1) * g; n++) {
+            float *o = out + (size_t)n * d;
+            const float *pt = p + (size_t)n * n_keys + (t - first);
+            if (nt == 4)
+                for (int i = 0; i < d; i++)
+                    o[i] = o[i] + pt[0] * v[i] + pt[1] * v[d + i] + pt[2] * v[2 * d + i] + pt[3] * v[3 * d + i];
+            else
+                for (int i = 0; i < d; i++) o[i] += pt[0] * v[i];
+        }
+    }
+}
+
+/* Attention of the query heads of KV head kvh, on one thread: scores, softmax, values. */
+static void attention_kv_head(const ZayaConfig *c, const ZayaLayerState *ls, int layer, int pos, const float *q_all,
+                              float *p, float *out, int kvh) {
+    const int first = attention_first(c, layer, pos), g = c->num_heads / c->num_kv_heads, n_keys = pos - first + 1;
+    attention_scores(c, ls, q_all, p, kvh, first, pos, first, pos + 1);
+    for (int n = kvh * g; n < (kvh + 1) * g; n++) softmax(p + (size_t)n * n_keys, n_keys);
+    attention_values(c, ls, p, out, kvh, first, pos);
+}
+
+/* The attention of one token with all threads: the scores split over (KV head, key) pairs, the
+ * softmax over heads, the values over KV heads. p = s->att [nq, n_keys]. */
 static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *s, int layer, int pos,
                       const float *q_all, float *out) {
-    const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, g = nq / nkv;
-    const int first = c->layer_types[layer] == ZAYA_HYBRID_SLIDING && pos - c->sliding_window + 1 > 0
-                          ? pos - c->sliding_window + 1 : 0;
-    const float scale = 1.0f / sqrtf((float)d);    /* HF: scaling = head_dim ** -0.5 */
-    const int n_keys = pos - first + 1;
+    const int nq = c->num_heads, nkv = c->num_kv_heads;
+    const int first = attention_first(c, layer, pos), n_keys = pos - first + 1;
     float *p = s->att;                             /* p[n * n_keys + j]: head n, key position first + j */
-#pragma omp parallel if ((size_t)nq * n_keys * d >= PARALLEL_MIN_WORK)
+#pragma omp parallel if ((size_t)nq * n_keys * c->head_dim >= PARALLEL_MIN_WORK)
     {
-        /* scores q_n . k_t * scale; the key is loaded once for up to DOT_TOKENS heads */
 #pragma omp for collapse(2) schedule(static)
         for (int kvh = 0; kvh < nkv; kvh++)
-            for (int t = first; t <= pos; t++) {
-                const float *key = ls->key_cache + kv_row(ls, kvh, t, d);
-                if (t + KV_AHEAD <= pos) prefetch_kv_row(ls, ls->key_cache, kvh, t + KV_AHEAD, d);
-                for (int r = 0; r < g; r += DOT_TOKENS) {
-                    const int nr = g - r < DOT_TOKENS ? g - r : DOT_TOKENS, n0 = kvh * g + r;
-                    float dots[DOT_TOKENS];
-                    dot_float(dots, nr, key, 0, q_all + (size_t)n0 * d, (size_t)d, d);
-                    for (int j = 0; j < nr; j++) p[(size_t)(n0 + j) * n_keys + (t - first)] = dots[j] * scale;
-                }
-            }
+            for (int t = first; t <= pos; t++) attention_scores(c, ls, q_all, p, kvh, first, pos, t, t + 1);
 #pragma omp for schedule(static)
         for (int n = 0; n < nq; n++) softmax(p + (size_t)n * n_keys, n_keys);
-        /* o_n = sum_t p_n[t] v_t, added in position order */
 #pragma omp for schedule(static)
-        for (int kvh = 0; kvh < nkv; kvh++) {
-            memset(out + (size_t)kvh * g * d, 0, (size_t)g * d * sizeof(float));
-            for (int t = first, nt; t <= pos; t += nt) {   /* four positions per pass over o where they are adjacent */
-                const int slot = kv_slot(ls, t);
-                nt = pos - t + 1 >= 4 && ls->cache_len - slot >= 4 ? 4 : 1;
-                const float *v = ls->value_cache + kv_row(ls, kvh, t, d);
-                for (int j = t + KV_AHEAD; j < t + KV_AHEAD + nt && j <= pos; j++) prefetch_kv_row(ls, ls->value_cache, kvh, j, d);
-                for (int n = kvh * g; n < (kvh + 1) * g; n++) {
-                    float *o = out + (size_t)n * d;
-                    const float *pt = p + (size_t)n * n_keys + (t - first);
-                    if (nt == 4)
-                        for (int i = 0; i < d; i++)
-                            o[i] = o[i] + pt[0] * v[i] + pt[1] * v[d + i] + pt[2] * v[2 * d + i] + pt[3] * v[3 * d + i];
-                    else
-                        for (int i = 0; i < d; i++) o[i] += pt[0] * v[i];
-                }
-            }
-        }
+        for (int kvh = 0; kvh < nkv; kvh++) attention_values(c, ls, p, out, kvh, first, pos);
     }
     if (s->tap) {   /* [nq, n_keys]: column j = key position first + j (HF's attn_weights row without the masked zeros) */
         ZayaTap t = {"self_attn:attn_weights", layer, pos, 0, 2, {nq, n_keys}, s->att, 1};
@@ -1371,6 +1453,27 @@ static void attention_block(const ZayaModel *m, ZayaState *s, int layer, int n) 
     }
 }
 
+/* EDA from layer 1 on: rho = down_proj + rho_prev * router_states_scale (handed to layer+1);
+ * layer 0 (no router_states_scale) starts it: rho = down_proj. */
+static void router_eda(const ZayaLayer *L, const float *down, float *rho, int R) {
+    for (int i = 0; i < R; i++) rho[i] = L->router_states_scale ? down[i] + rho[i] * L->router_states_scale[i] : down[i];
+}
+
+static void gelu_all(float *x, int n) {
+    for (int i = 0; i < n; i++) x[i] = gelu(x[i]);
+}
+
+/* The router's choice: top-1 of the biased scores probs + balancing_biases over E+1 classes (ties:
+ * lowest index), scores kept in scores[E+1]; its weight is the unbiased probability probs[best]. */
+static int router_top1(const float *probs, const float *balancing_biases, int E, float *scores) {
+    int best = 0;
+    for (int e = 0; e <= E; e++) {
+        scores[e] = probs[e] + balancing_biases[e];
+        if (scores[e] > scores[best]) best = e;
+    }
+    return best;
+}
+
 /* 3.13 router for n tokens: down_proj, EDA (the state flows from the previous layer), router MLP,
  * softmax over E+1 classes, top-1 of the biased scores. Fills s->expert and s->expert_weight. */
 static void router(const ZayaModel *m, ZayaState *s, int layer, int n) {
@@ -1384,8 +1487,7 @@ static void router(const ZayaModel *m, ZayaState *s, int layer, int n) {
         float *at = a + (size_t)t * R, *rho = s->router_state + (size_t)t * R;
         add_bias(at, L->router_down_proj_bias, R);
         TAP(layer, s->pos + t, "mlp.gate.down_proj", at, R);
-        /* EDA from layer 1 on: rho = down_proj + rho_prev * router_states_scale (handed to layer+1) */
-        for (int i = 0; i < R; i++) rho[i] = L->router_states_scale ? at[i] + rho[i] * L->router_states_scale[i] : at[i];
+        router_eda(L, at, rho, R);
         TAP(layer, s->pos + t, "mlp.gate:router_state", rho, R);
         rmsnorm(b + (size_t)t * R, rho, L->router_norm, R, c->rms_norm_eps);     /* router_mlp.norm */
         TAP(layer, s->pos + t, "mlp.gate.router_mlp.norm", b + (size_t)t * R, R);
@@ -1395,14 +1497,14 @@ static void router(const ZayaModel *m, ZayaState *s, int layer, int n) {
         float *at = a + (size_t)t * R;
         add_bias(at, L->router_fc1_bias, R);
         TAP(layer, s->pos + t, "mlp.gate.router_mlp.fc1", at, R);
-        for (int i = 0; i < R; i++) at[i] = gelu(at[i]);
+        gelu_all(at, R);
     }
     MATMUL(b, R, &L->router_fc2, a, R, n);                                      /* router_mlp.fc2 + GELU */
     for (int t = 0; t < n; t++) {
         float *bt = b + (size_t)t * R;
         add_bias(bt, L->router_fc2_bias, R);
         TAP(layer, s->pos + t, "mlp.gate.router_mlp.fc2", bt, R);
-        for (int i = 0; i < R; i++) bt[i] = gelu(bt[i]);
+        gelu_all(bt, R);
     }
     MATMUL(s->router_logits, E + 1, &L->router_out_proj, b, R, n);              /* router_mlp.out_proj */
     for (int t = 0; t < n; t++) {
@@ -1412,12 +1514,7 @@ static void router(const ZayaModel *m, ZayaState *s, int layer, int n) {
         memcpy(probs, logits, (size_t)(E + 1) * sizeof(float));
         softmax(probs, E + 1);                                                   /* over all E+1 classes */
         TAP(layer, pos, "mlp.gate:router_probs", probs, E + 1);
-        /* top-1 on the biased scores (ties: lowest index); the weight is the unbiased probability */
-        int best = 0;
-        for (int e = 0; e <= E; e++) {
-            s->router_scores[e] = probs[e] + L->balancing_biases[e];
-            if (s->router_scores[e] > s->router_scores[best]) best = e;
-        }
+        int best = router_top1(probs, L->balancing_biases, E, s->router_scores);
         TAP(layer, pos, "mlp.gate:router_scores", s->router_scores, E + 1);
         if (s->tap) {
             ZayaTap tp = {"mlp.gate.router_indices", layer, pos, 1, 0, {0, 0}, &best, 0};
@@ -1428,38 +1525,48 @@ static void router(const ZayaModel *m, ZayaState *s, int layer, int n) {
     }
 }
 
-/* 3.14 one expert for its cnt tokens (expert_in, rows H apart), in one parallel region:
- * expert_out = down_proj(SiLU(gate) * up), where gate and up are rows 0..I-1 and I..2I-1 of
- * gate_up_proj(x). Each thread computes the same channels of gate and up, so it applies SiLU(gate)*up
- * to its own channels and quantizes them for down_proj without reading what another thread wrote
- * (where the two cores sit on different CCDs, each such hand-off costs microseconds). The threads
- * wait for each other twice: once X is quantized, and once all of down_proj's input is ready.
- * Results are those of matmul(gate_up), SiLU, matmul(down), for any thread count. */
-static void expert_swiglu(ZayaState *s, const ZayaMatrix *gate_up, const ZayaMatrix *down, int cnt) {
+/* 3.14 thread me's part of one expert for cnt tokens x (rows H apart, quantized for int8 weights
+ * into xq/xqs): expert_out = down_proj(SiLU(gate) * up), where gate and up are rows 0..I-1 and
+ * I..2I-1 of gate_up_proj(x). Each thread computes the same channels of gate and up, so it applies
+ * SiLU(gate)*up to its own channels and quantizes them for down_proj without reading what another
+ * thread wrote (where the two cores sit on different CCDs, each such hand-off costs microseconds).
+ * The threads wait for each other once, when all of down_proj's input is ready; the caller waits
+ * for expert_out. Results are those of matmul(gate_up), SiLU, matmul(down), for any thread count.
+ * Call it inside a parallel region. */
+static void expert_share(ZayaState *s, const ZayaMatrix *gate_up, const ZayaMatrix *down, const float *x, int cnt,
+                         const int16_t *xq, const float *xqs, int me, int nth) {
     const int H = gate_up->cols, I = down->cols, R = ZAYA_Q8_INTERLEAVE, G = down->group_size;
     const ZayaMatrix gate = matrix_rows(gate_up, 0, I), up = matrix_rows(gate_up, I, I);
     const MatmulOut gate_out = {&gate, s->expert_hidden, 2 * I}, up_out = {&up, s->expert_hidden + I, 2 * I},
                     down_out = {down, s->expert_out, H};
     /* a thread's channels start at a block of down_proj's quantized input (quantize_q16's layout) */
     const int unit = down->dtype != ZAYA_Q8 ? R : G % 2 ? R * G : 8 * G;
-#pragma omp parallel if ((size_t)3 * I * H * cnt >= PARALLEL_MIN_WORK)
+    int a, b;
+    thread_share(I, unit, me, nth, &a, &b);                                      /* this thread's channels */
+    matmul_tiles(&gate_out, x, H, cnt, xq, xqs, a, b);
+    matmul_tiles(&up_out, x, H, cnt, xq, xqs, a, b);
+    for (int t = 0; t < cnt; t++) {
+        float *g = s->expert_hidden + (size_t)t * 2 * I, *u = g + I;
+        for (int i = a; i < b; i++) g[i] = silu(g[i]) * u[i];
+        if (down->dtype == ZAYA_Q8)
+            for (int k = a / G; k < b / G; k++)
+                quantize_q16(s->xq_hidden + (size_t)t * I, s->xq_hidden_scales + (size_t)t * (I / G), g, I, G, k);
+    }
+#pragma omp barrier
+    thread_share(H, R, me, nth, &a, &b);                                         /* this thread's rows of down_proj */
+    matmul_tiles(&down_out, s->expert_hidden, 2 * I, cnt, s->xq_hidden, s->xq_hidden_scales, a, b);
+}
+
+/* One expert for its cnt tokens (expert_in -> expert_out) in one parallel region: the threads
+ * quantize equal shares of expert_in, then expert_share. */
+static void expert_swiglu(ZayaState *s, const ZayaMatrix *gate_up, const ZayaMatrix *down, int cnt) {
+    const int H = gate_up->cols;
+#pragma omp parallel if ((size_t)3 * down->cols * H * cnt >= PARALLEL_MIN_WORK)
     {
-        int me, nth, a, b;
+        int me, nth;
         this_thread(&me, &nth);
         quantize_share(gate_up, s->expert_in, H, cnt, s->xq, s->xq_scales, me, nth);
-        thread_share(I, unit, me, nth, &a, &b);                                  /* this thread's channels */
-        matmul_tiles(&gate_out, s->expert_in, H, cnt, s->xq, s->xq_scales, a, b);
-        matmul_tiles(&up_out, s->expert_in, H, cnt, s->xq, s->xq_scales, a, b);
-        for (int t = 0; t < cnt; t++) {
-            float *g = s->expert_hidden + (size_t)t * 2 * I, *u = g + I;
-            for (int i = a; i < b; i++) g[i] = silu(g[i]) * u[i];
-            if (down->dtype == ZAYA_Q8)
-                for (int k = a / G; k < b / G; k++)
-                    quantize_q16(s->xq_hidden + (size_t)t * I, s->xq_hidden_scales + (size_t)t * (I / G), g, I, G, k);
-        }
-#pragma omp barrier
-        thread_share(H, R, me, nth, &a, &b);                                     /* this thread's rows of down_proj */
-        matmul_tiles(&down_out, s->expert_hidden, 2 * I, cnt, s->xq_hidden, s->xq_hidden_scales, a, b);
+        expert_share(s, gate_up, down, s->expert_in, cnt, s->xq, s->xq_scales, me, nth);
     }
 }
 
@@ -1541,6 +1648,127 @@ static void forward_batch(const ZayaModel *m, ZayaState *s, const int *tokens, i
     s->pos += n;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * 5b. Decode: one token in one parallel region (zaya_forward without a tap)
+ *
+ * The computation of forward_batch for one token, step for step, arranged for the threads. They
+ * split the rows of every matrix product (outputs in the shared scratch of ZayaState) and wait for
+ * each other before anyone reads a product's output. Every other step (norms, residuals, the CCA
+ * mix, qk_norm, RoPE, the router's activations and choice) each thread computes itself into its own
+ * ZayaThreadState, instead of one thread computing it and handing it to the others: where the cores
+ * sit on different CCDs each hand-off costs microseconds, and a token has hundreds (bench/README.md:
+ * +0.028 of the bandwidth ceiling there). The convolutions go by head and attention by KV head: a
+ * thread keeps the conv state of its heads and the KV cache of its KV heads. Results are identical
+ * to forward_batch's for any thread count.
+ * ------------------------------------------------------------------------------------------- */
+
+/* The products of decode_token: this thread quantizes all of x for itself (int8 weights), computes
+ * its share of the rows, then waits for the other threads (every thread reads the whole output next). */
+static void project(const MatmulOut *out, int count, const float *x, ZayaThreadState *th, int me, int nth) {
+    const int together = same_format(out, count);   /* else a blob that mixes formats: one at a time */
+    for (int i = 0; i < count; i += together ? count : 1) {
+        quantize_all(out[i].w, x, th->xq, th->xq_scales);
+        products_share(out + i, together ? count : 1, x, out[i].w->cols, 1, th->xq, th->xq_scales, me, nth);
+    }
+#pragma omp barrier
+}
+
+static void decode_token(const ZayaModel *m, ZayaState *s, int token) {
+    const ZayaConfig *c = &m->config;
+    const int H = c->hidden_size, d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, C = (nq + nkv) * d;
+    const int vhalf = nkv * d / 2, R = c->router_hidden, E = c->num_experts, I = c->moe_intermediate, pos = s->pos;
+    const float eps = c->rms_norm_eps;
+#ifdef _OPENMP
+    const int threads = omp_get_max_threads() < s->num_threads ? omp_get_max_threads() : s->num_threads;
+#endif
+#pragma omp parallel num_threads(threads)
+    {
+        int me, nth, a, b;
+        this_thread(&me, &nth);
+        ZayaThreadState *th = &s->threads[me];
+        matrix_row(&m->embed_tokens, token, th->h);                              /* 3.1 embedding, input scaling */
+        for (int i = 0; i < H; i++) th->x[i] = (th->h[i] + m->input_hidden_states_bias[i]) * m->input_hidden_states_scale[i];
+        for (int layer = 0; layer < c->num_layers; layer++) {
+            const ZayaLayer *L = &m->layers[layer];
+            ZayaLayerState *ls = &s->layers[layer];
+            const int type = c->layer_types[layer], rot = c->rope_dim[type];
+
+            rmsnorm(th->h, th->x, L->input_layernorm, H, eps);                   /* input_layernorm */
+            const MatmulOut qkv[] = {{&L->q_proj, s->u, C}, {&L->k_proj, s->u + (size_t)nq * d, C},
+                                     {&L->v_proj_current, s->v, nkv * d}, {&L->v_proj_delayed, s->vd, vhalf}};
+            project(qkv, 4, th->h, th, me, nth);                                 /* q/k/v projections */
+
+            float *z = s->conv_a + (size_t)C * c->cca_time1;                     /* CCA convs of this thread's heads */
+            thread_share(nq + nkv, 1, me, nth, &a, &b);
+            cca_conv_heads(c, L, ls, s->u, s->conv_a, z, a, b);
+            conv_state_push(c, ls, s->u, a * d, b * d);
+#pragma omp barrier
+            cca_mix(c, s->u, th->q_res, th->k_res);                              /* residual mix */
+            for (int i = 0; i < nq * d; i++) th->q[i] = z[i] + th->q_res[i];
+            for (int i = 0; i < nkv * d; i++) th->k[i] = z[nq * d + i] + th->k_res[i];
+            memcpy(th->v, s->v, sizeof(float) * (size_t)vhalf);                 /* values: current, delayed */
+            memcpy(th->v + vhalf, ls->delayed_value, sizeof(float) * (size_t)vhalf);
+            qk_norm(th->q, nq, d, NULL);                                         /* qk_norm */
+            qk_norm(th->k, nkv, d, L->qk_norm_temp);
+            rope_tables(th->rope_cos, th->rope_sin, pos, rot, c->rope_theta[type]);   /* RoPE */
+            rope(th->q, nq, d, rot, th->rope_cos, th->rope_sin);
+            rope(th->k, nkv, d, rot, th->rope_cos, th->rope_sin);
+            thread_share(nkv, 1, me, nth, &a, &b);                               /* this thread's KV heads: */
+            for (int j = a; j < b; j++) {                                        /* append to the KV cache, attend */
+                memcpy(ls->key_cache + kv_row(ls, j, pos, d), th->k + (size_t)j * d, sizeof(float) * (size_t)d);
+                memcpy(ls->value_cache + kv_row(ls, j, pos, d), th->v + (size_t)j * d, sizeof(float) * (size_t)d);
+                attention_kv_head(c, ls, layer, pos, th->q, s->att, s->attn_out, j);
+            }
+#pragma omp barrier
+            if (me == 0) memcpy(ls->delayed_value, s->vd, sizeof(float) * (size_t)vhalf);
+            const MatmulOut o = {&L->o_proj, s->branch, H};
+            project(&o, 1, s->attn_out, th, me, nth);                            /* o_proj */
+            residual_scale(th->x, s->branch, &L->post_attention_residual_scale, H);
+            rmsnorm(th->h, th->x, L->post_attention_layernorm, H, eps);          /* post_attention_layernorm */
+
+            const MatmulOut down = {&L->router_down_proj, s->router_a, R};       /* router */
+            project(&down, 1, th->h, th, me, nth);
+            memcpy(th->router_a, s->router_a, sizeof(float) * (size_t)R);
+            add_bias(th->router_a, L->router_down_proj_bias, R);
+            router_eda(L, th->router_a, th->router_state, R);
+            rmsnorm(th->router_b, th->router_state, L->router_norm, R, eps);
+            const MatmulOut fc1 = {&L->router_fc1, s->router_b, R}, fc2 = {&L->router_fc2, s->router_a, R};
+            project(&fc1, 1, th->router_b, th, me, nth);
+            memcpy(th->router_a, s->router_b, sizeof(float) * (size_t)R);
+            add_bias(th->router_a, L->router_fc1_bias, R);
+            gelu_all(th->router_a, R);
+            project(&fc2, 1, th->router_a, th, me, nth);
+            memcpy(th->router_b, s->router_a, sizeof(float) * (size_t)R);
+            add_bias(th->router_b, L->router_fc2_bias, R);
+            gelu_all(th->router_b, R);
+            const MatmulOut out_proj = {&L->router_out_proj, th->router_probs, E + 1};   /* small: every thread */
+            quantize_all(out_proj.w, th->router_b, th->xq, th->xq_scales);
+            matmul_tiles(&out_proj, th->router_b, R, 1, th->xq, th->xq_scales, 0, E + 1);
+            softmax(th->router_probs, E + 1);
+            const int best = router_top1(th->router_probs, L->balancing_biases, E, th->router_scores);
+            const float weight = th->router_probs[best];
+
+            if (best < E) {                                                      /* the expert (SwiGLU) */
+                const ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, best * 2 * I, 2 * I);
+                const ZayaMatrix expert_down = matrix_rows(&L->experts_down, best * H, H);
+                quantize_all(&gate_up, th->h, th->xq, th->xq_scales);
+                expert_share(s, &gate_up, &expert_down, th->h, 1, th->xq, th->xq_scales, me, nth);
+#pragma omp barrier
+                for (int i = 0; i < H; i++) th->y[i] = weight * s->expert_out[i];
+            } else if (s->skip_expert == ZAYA_SKIP_PASSTHROUGH) {               /* the skip class (arch §6a) */
+                for (int i = 0; i < H; i++) th->y[i] = weight * th->h[i];
+            } else {
+                memset(th->y, 0, sizeof(float) * (size_t)H);
+            }
+            residual_scale(th->x, th->y, &L->post_mlp_residual_scale, H);        /* post_mlp_residual_scale */
+        }
+        rmsnorm(th->h, th->x, m->norm, H, eps);                                  /* final norm, LM head */
+        const MatmulOut head = {&m->embed_tokens, s->logits, c->vocab_size};
+        project(&head, 1, th->h, th, me, nth);
+    }
+    s->pos += 1;
+}
+
 int zaya_prefill(const ZayaModel *m, ZayaState *s, const int *tokens, int n, char *err, size_t errlen) {
     const ZayaConfig *c = &m->config;
     for (int t = 0; t < n; t++)
@@ -1557,7 +1785,10 @@ int zaya_prefill(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
 }
 
 int zaya_forward(const ZayaModel *m, ZayaState *s, int token, char *err, size_t errlen) {
-    return zaya_prefill(m, s, &token, 1, err, errlen);
+    if (s->tap || token < 0 || token >= m->config.vocab_size || s->pos >= s->ctx)   /* taps and errors: */
+        return zaya_prefill(m, s, &token, 1, err, errlen);                           /* the batch path */
+    decode_token(m, s, token);
+    return 0;
 }
 
 void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void *ctx) {

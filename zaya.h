@@ -157,6 +157,19 @@ typedef struct {
  * batch instead of once per token. Results are identical to running the tokens one by one. */
 #define ZAYA_BATCH 256
 
+/* A thread's own copies of one decoded token's small vectors: in zaya_forward every thread computes
+ * the steps between the matrix products itself (decode_token in zaya.c). */
+typedef struct {
+    float *x, *h, *y;              /* residual stream, normalized block input, MoE output [H] */
+    float *q, *k, *v;              /* after CCA, qk_norm and RoPE / values [nq*d], [nkv*d], [nkv*d] */
+    float *q_res, *k_res;          /* CCA residual mix [nq*d], [nkv*d] */
+    float *router_state, *router_a, *router_b;                   /* [R] */
+    float *router_probs, *router_scores;                         /* [E+1] */
+    float *rope_cos, *rope_sin;    /* [rot/2] */
+    int16_t *xq;                   /* a product's input quantized for int8 weights [max in-features] */
+    float *xq_scales;
+} ZayaThreadState;
+
 /* Everything that changes while running: per-layer state, the position, scratch buffers. */
 typedef struct {
     ZayaLayerState *layers;   /* [num_layers] */
@@ -192,9 +205,12 @@ typedef struct {
     float *router_scores;     /* probs + balancing biases [E+1] */
     float *rope_cos, *rope_sin;   /* [rot/2] */
     float *logits;            /* [V]: logits of the last token run */
+    ZayaThreadState *threads; /* [num_threads]: decode's per-thread vectors */
+    int num_threads;          /* OpenMP's thread count when the state was made (1 without OpenMP) */
 } ZayaState;
 
-/* Allocates the state for up to ctx positions (1 <= ctx <= max_position) and zeroes it.
+/* Allocates the state for up to ctx positions (1 <= ctx <= max_position) and zeroes it; zaya_forward
+ * uses at most as many threads as OpenMP had then (omp_get_max_threads).
  * Mirrors an empty HF cache (DynamicCache with conv/recurrent slots). Returns 0 or -1 + err. */
 int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t errlen);
 /* Back to position 0 with empty caches (keeps the allocation and the options). */
@@ -203,8 +219,9 @@ void zaya_state_free(ZayaState *s);
 
 /* Runs token `token` at position s->pos through the model and advances s->pos; the logits for the
  * next token are in s->logits [vocab_size]. Mirrors HF ZayaForCausalLM.forward on one new token
- * with a cache. Returns 0, or -1 + err when the id is not in 0..vocab_size-1 or the context is full
- * (nothing is changed then). */
+ * with a cache. Without a tap it runs as one parallel region (decode_token); with one, as a prompt
+ * of one token (zaya_prefill): the results are identical. Returns 0, or -1 + err when the id is
+ * not in 0..vocab_size-1 or the context is full (nothing is changed then). */
 int zaya_forward(const ZayaModel *m, ZayaState *s, int token, char *err, size_t errlen);
 
 /* Runs n tokens at positions s->pos .. s->pos+n-1 (a prompt), in batches of ZAYA_BATCH; same

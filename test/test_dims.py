@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_dims.py - ./zaya against an independent pure-Python reference on odd dimensions.
 
-    make zaya && python3 test/test_dims.py
+    make zaya build/test_decode && python3 test/test_dims.py
 
 1. The reference itself (test/ref_forward.py, written from the spec, not from zaya.c) is first checked
    against the official goldens of ../shared/fixtures/public: native + skip zero vs golden/, legacy +
@@ -14,8 +14,9 @@
    Also: every biased router margin of the reference >= 1e-4 (else the seed is a near-tie and must be
    changed, never the tolerance), both layouts export identical tensors and give bit-identical logits,
    token-by-token prefill (--batch 1), --skip-expert passthrough on a config where the skip class wins,
-   prompts shorter than the conv state and longer than the sliding window, and a greedy continuation
-   of ./zaya (cached decode) equal to the reference's full-sequence argmax.
+   prompts shorter than the conv state and longer than the sliding window, a greedy continuation
+   of ./zaya (cached decode) equal to the reference's full-sequence argmax, and zaya_forward's decode
+   path bit-identical to its batch path at 1, 2 and 3 threads (build/test_decode).
 The checkpoints carry the fixture tokenizer cut to its first 1000 ids (the forward pass does not use it;
 exporting the full one costs ~4 s per blob). Runs in ~16 s on 2 cores.
 Build products go to build/dims/. Prints `PASS name` / `FAIL name: detail`; exit status 1 on any FAIL.
@@ -197,8 +198,8 @@ def main():
     PUBLIC = need_fixtures("public")
     TOKDIR = need_fixtures("tokenizer", "model")
     os.makedirs(OUT, exist_ok=True)
-    rc, _, err = one(["make", "zaya"])
-    check(rc == 0 and os.path.exists(os.path.join(ROOT, "zaya")), "make zaya", err.strip()[-500:])
+    rc, _, err = one(["make", "zaya", "build/test_decode"])
+    check(rc == 0 and os.path.exists(os.path.join(ROOT, "zaya")), "make zaya build/test_decode", err.strip()[-500:])
     if rc != 0:
         finish()
 
@@ -326,6 +327,11 @@ def main():
     for name, flags, what in CONFIGS:
         blob, ck = os.path.join(OUT, f"{name}_native.bin"), os.path.join(OUT, f"{name}_native")
         for mode in ("zero", "passthrough") if name == "b" else ("zero",):
+            # zaya_forward without a tap (decode_token: one parallel region) = with one (forward_batch)
+            for r in run_all([["env", f"OMP_NUM_THREADS={t}", "build/test_decode", blob, ",".join(map(str, IDS)),
+                               str(GREEDY), *(["passthrough"] if mode == "passthrough" else [])] for t in (1, 2, 3)]):
+                check(r[0] == 0 and r[1].startswith("PASS"), f"config {name}: " + (r[1].strip()[5:].replace(OUT + "/", "") or "test_decode runs"),
+                      (r[1] + r[2]).strip()[-500:])
             rc, out, err = one(["./zaya", blob, "--ids", ",".join(map(str, IDS)), "-n", str(GREEDY), "-t", "0",
                                 "--print-ids", "--skip-expert", mode])
             try:

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """test_engine.py - the exporter and the fp32 engine against the official implementation.
 
-    make zaya zaya_omp zaya_debug && python3 test/test_engine.py
+    make zaya zaya_omp zaya_debug build/test_decode && python3 test/test_engine.py
 
 On ../shared/fixtures/public (both hub layouts): every layer output within relative L2 1e-5 of
 golden/hidden_states.npy, logits within 1e-3 of the official top-16, router indices identical,
 greedy continuation identical; the same against golden_zyphra/ with --skip-expert passthrough;
 native and legacy exports give bit-identical logits; bf16 blobs give the fp32 blob's logits;
-any thread count gives the same logits; the sanitizer build runs clean.
+any thread count gives the same logits; zaya_forward's decode path (no tap) gives the bits of its
+batch path (fp32, bf16, int8 with and without huge pages, 1-3 threads); the sanitizer build runs clean.
 """
 import os
 import shutil
@@ -90,6 +91,16 @@ for threads in ("1", "2"):
     lg = read_npy(os.path.join(dump(native, f"omp{threads}", "--threads", threads, exe="./zaya_omp"),
                                "logits.npy"))[1]
     check(lg == lg_up, f"OpenMP build with {threads} thread(s) gives identical logits")
+
+# zaya_forward without a tap runs decode_token (one parallel region per token); with a tap (every
+# --dump above) it runs forward_batch: the two must give the same bits (build/test_decode)
+native_int8 = export("native", "int8")
+for blob, extra in ((native, []), (native_bf16, []), (native_int8, ["hugepages"]), (native_int8, []),
+                    (legacy, ["passthrough"])):
+    for threads in ("1", "2", "3"):
+        rc, out, err = run(["build/test_decode", blob, IDS, "16", *extra], env=dict(os.environ, OMP_NUM_THREADS=threads))
+        check(rc == 0 and out.startswith("PASS"), (out.strip()[5:] or f"test_decode {blob} runs").replace(BUILD + "/", ""),
+              (out + err).strip()[-500:])
 
 for mode, golden in (("zero", "golden"), ("passthrough", "golden_zyphra")):
     rc, out, err = run(["./zaya", native, "--ids", IDS, "-n", "16", "-t", "0", "--print-ids", "--skip-expert", mode])
