@@ -1175,7 +1175,9 @@ void zaya_state_free(ZayaState *s) {
  * A batch of n tokens at positions s->pos .. s->pos+n-1 goes through the model layer by layer.
  * Row t of every [B, dim] scratch buffer belongs to token t. The projections are matmuls over the
  * n rows; the steps that carry state from token to token (the CCA convolutions, the delayed value,
- * the KV cache and attention) run token after token, in order. For a single token (decode) n = 1.
+ * the KV cache and attention) run token after token, in order. This path serves prompts and every
+ * run with a tap (--dump, --trace); a decoded token without one takes decode_token (5b), the same
+ * steps arranged for the threads, with identical results.
  * ------------------------------------------------------------------------------------------- */
 
 /* Reports an intermediate tensor to the tap callback, if any (--dump, --trace). */
@@ -1319,35 +1321,35 @@ static int attention_first(const ZayaConfig *c, int layer, int pos) {
     return c->layer_types[layer] == ZAYA_HYBRID_SLIDING && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
 }
 
-/* Scores q_n . k_t * scale of KV head kvh's query heads for keys t in [t_from, t_to), into
- * p[n * n_keys + t - first]; the key is loaded once for up to DOT_TOKENS heads. */
-static void attention_scores(const ZayaConfig *c, const ZayaLayerState *ls, const float *q_all, float *p, int kvh,
-                             int first, int pos, int t_from, int t_to) {
-    const int d = c->head_dim, g = c->num_heads / c->num_kv_heads, n_keys = pos - first + 1;
+/* Scores q_n . k_t * scale of query heads [n0, n1) (all of one KV head's: kvh = n0 / g) for keys t in
+ * [t_from, t_to), into p[n * n_keys + t - first]; the key is loaded once for up to DOT_TOKENS heads. */
+static void attention_scores(const ZayaConfig *c, const ZayaLayerState *ls, const float *q_all, float *p, int n0,
+                             int n1, int first, int pos, int t_from, int t_to) {
+    const int d = c->head_dim, kvh = n0 / (c->num_heads / c->num_kv_heads), n_keys = pos - first + 1;
     const float scale = 1.0f / sqrtf((float)d);    /* HF: scaling = head_dim ** -0.5 */
     for (int t = t_from; t < t_to; t++) {
         const float *key = ls->key_cache + kv_row(ls, kvh, t, d);
         if (t + KV_AHEAD <= pos) prefetch_kv_row(ls, ls->key_cache, kvh, t + KV_AHEAD, d);
-        for (int r = 0; r < g; r += DOT_TOKENS) {
-            const int nr = g - r < DOT_TOKENS ? g - r : DOT_TOKENS, n0 = kvh * g + r;
+        for (int n = n0; n < n1; n += DOT_TOKENS) {
+            const int nr = n1 - n < DOT_TOKENS ? n1 - n : DOT_TOKENS;
             float dots[DOT_TOKENS];
-            dot_float(dots, nr, key, 0, q_all + (size_t)n0 * d, (size_t)d, d);
-            for (int j = 0; j < nr; j++) p[(size_t)(n0 + j) * n_keys + (t - first)] = dots[j] * scale;
+            dot_float(dots, nr, key, 0, q_all + (size_t)n * d, (size_t)d, d);
+            for (int j = 0; j < nr; j++) p[(size_t)(n + j) * n_keys + (t - first)] = dots[j] * scale;
         }
     }
 }
 
-/* o_n = sum_t p_n[t] v_t for KV head kvh's query heads, added in position order. */
-static void attention_values(const ZayaConfig *c, const ZayaLayerState *ls, const float *p, float *out, int kvh,
-                             int first, int pos) {
-    const int d = c->head_dim, g = c->num_heads / c->num_kv_heads, n_keys = pos - first + 1;
-    memset(out + (size_t)kvh * g * d, 0, (size_t)g * d * sizeof(float));
+/* o_n = sum_t p_n[t] v_t for query heads [n0, n1) of one KV head, added in position order. */
+static void attention_values(const ZayaConfig *c, const ZayaLayerState *ls, const float *p, float *out, int n0,
+                             int n1, int first, int pos) {
+    const int d = c->head_dim, kvh = n0 / (c->num_heads / c->num_kv_heads), n_keys = pos - first + 1;
+    memset(out + (size_t)n0 * d, 0, (size_t)(n1 - n0) * d * sizeof(float));
     for (int t = first, nt; t <= pos; t += nt) {   /* four positions per pass over o where they are adjacent */
         const int slot = kv_slot(ls, t);
         nt = pos - t + 1 >= 4 && ls->cache_len - slot >= 4 ? 4 : 1;
         const float *v = ls->value_cache + kv_row(ls, kvh, t, d);
         for (int j = t + KV_AHEAD; j < t + KV_AHEAD + nt && j <= pos; j++) prefetch_kv_row(ls, ls->value_cache, kvh, j, d);
-        for (int n = kvh * g; n < (kvh + 1) * g; n++) {
+        for (int n = n0; n < n1; n++) {
             float *o = out + (size_t)n * d;
             const float *pt = p + (size_t)n * n_keys + (t - first);
             if (nt == 4)
@@ -1359,31 +1361,31 @@ static void attention_values(const ZayaConfig *c, const ZayaLayerState *ls, cons
     }
 }
 
-/* Attention of the query heads of KV head kvh, on one thread: scores, softmax, values. */
-static void attention_kv_head(const ZayaConfig *c, const ZayaLayerState *ls, int layer, int pos, const float *q_all,
-                              float *p, float *out, int kvh) {
-    const int first = attention_first(c, layer, pos), g = c->num_heads / c->num_kv_heads, n_keys = pos - first + 1;
-    attention_scores(c, ls, q_all, p, kvh, first, pos, first, pos + 1);
-    for (int n = kvh * g; n < (kvh + 1) * g; n++) softmax(p + (size_t)n * n_keys, n_keys);
-    attention_values(c, ls, p, out, kvh, first, pos);
+/* Query heads [n0, n1) of one KV head, on one thread: scores, softmax, values. */
+static void attention_heads(const ZayaConfig *c, const ZayaLayerState *ls, int layer, int pos, const float *q_all,
+                            float *p, float *out, int n0, int n1) {
+    const int first = attention_first(c, layer, pos), n_keys = pos - first + 1;
+    attention_scores(c, ls, q_all, p, n0, n1, first, pos, first, pos + 1);
+    for (int n = n0; n < n1; n++) softmax(p + (size_t)n * n_keys, n_keys);
+    attention_values(c, ls, p, out, n0, n1, first, pos);
 }
 
 /* The attention of one token with all threads: the scores split over (KV head, key) pairs, the
  * softmax over heads, the values over KV heads. p = s->att [nq, n_keys]. */
 static void attention(const ZayaConfig *c, const ZayaLayerState *ls, ZayaState *s, int layer, int pos,
                       const float *q_all, float *out) {
-    const int nq = c->num_heads, nkv = c->num_kv_heads;
+    const int nq = c->num_heads, nkv = c->num_kv_heads, g = nq / nkv;
     const int first = attention_first(c, layer, pos), n_keys = pos - first + 1;
     float *p = s->att;                             /* p[n * n_keys + j]: head n, key position first + j */
 #pragma omp parallel if ((size_t)nq * n_keys * c->head_dim >= PARALLEL_MIN_WORK)
     {
 #pragma omp for collapse(2) schedule(static)
         for (int kvh = 0; kvh < nkv; kvh++)
-            for (int t = first; t <= pos; t++) attention_scores(c, ls, q_all, p, kvh, first, pos, t, t + 1);
+            for (int t = first; t <= pos; t++) attention_scores(c, ls, q_all, p, kvh * g, (kvh + 1) * g, first, pos, t, t + 1);
 #pragma omp for schedule(static)
         for (int n = 0; n < nq; n++) softmax(p + (size_t)n * n_keys, n_keys);
 #pragma omp for schedule(static)
-        for (int kvh = 0; kvh < nkv; kvh++) attention_values(c, ls, p, out, kvh, first, pos);
+        for (int kvh = 0; kvh < nkv; kvh++) attention_values(c, ls, p, out, kvh * g, (kvh + 1) * g, first, pos);
     }
     if (s->tap) {   /* [nq, n_keys]: column j = key position first + j (HF's attn_weights row without the masked zeros) */
         ZayaTap t = {"self_attn:attn_weights", layer, pos, 0, 2, {nq, n_keys}, s->att, 1};
@@ -1656,10 +1658,9 @@ static void forward_batch(const ZayaModel *m, ZayaState *s, const int *tokens, i
  * each other before anyone reads a product's output. Every other step (norms, residuals, the CCA
  * mix, qk_norm, RoPE, the router's activations and choice) each thread computes itself into its own
  * ZayaThreadState, instead of one thread computing it and handing it to the others: where the cores
- * sit on different CCDs each hand-off costs microseconds, and a token has hundreds (bench/README.md:
- * +0.028 of the bandwidth ceiling there). The convolutions go by head and attention by KV head: a
- * thread keeps the conv state of its heads and the KV cache of its KV heads. Results are identical
- * to forward_batch's for any thread count.
+ * sit on different CCDs each hand-off costs microseconds, and a token has hundreds (bench/README.md).
+ * The convolutions go by head (a thread keeps the conv state of its heads), attention by query head.
+ * Results are identical to forward_batch's for any thread count.
  * ------------------------------------------------------------------------------------------- */
 
 /* The products of decode_token: this thread quantizes all of x for itself (int8 weights), computes
@@ -1675,8 +1676,9 @@ static void project(const MatmulOut *out, int count, const float *x, ZayaThreadS
 
 static void decode_token(const ZayaModel *m, ZayaState *s, int token) {
     const ZayaConfig *c = &m->config;
-    const int H = c->hidden_size, d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, C = (nq + nkv) * d;
-    const int vhalf = nkv * d / 2, R = c->router_hidden, E = c->num_experts, I = c->moe_intermediate, pos = s->pos;
+    const int H = c->hidden_size, d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, g = nq / nkv;
+    const int C = (nq + nkv) * d, vhalf = nkv * d / 2, R = c->router_hidden, E = c->num_experts, I = c->moe_intermediate;
+    const int pos = s->pos;
     const float eps = c->rms_norm_eps;
 #ifdef _OPENMP
     const int threads = omp_get_max_threads() < s->num_threads ? omp_get_max_threads() : s->num_threads;
@@ -1713,11 +1715,21 @@ static void decode_token(const ZayaModel *m, ZayaState *s, int token) {
             rope_tables(th->rope_cos, th->rope_sin, pos, rot, c->rope_theta[type]);   /* RoPE */
             rope(th->q, nq, d, rot, th->rope_cos, th->rope_sin);
             rope(th->k, nkv, d, rot, th->rope_cos, th->rope_sin);
-            thread_share(nkv, 1, me, nth, &a, &b);                               /* this thread's KV heads: */
-            for (int j = a; j < b; j++) {                                        /* append to the KV cache, attend */
+            /* attention over this thread's query heads: whole KV groups while there are no more threads
+             * than KV heads, so that a thread appends the keys and values it reads itself; else any heads,
+             * once each KV head's row is in the cache (appended by the thread of its first query head) */
+            const int whole = nth <= nkv;
+            thread_share(nq, whole ? g : 1, me, nth, &a, &b);
+            for (int j = (a + g - 1) / g; j * g < b; j++) {                      /* KV cache append */
                 memcpy(ls->key_cache + kv_row(ls, j, pos, d), th->k + (size_t)j * d, sizeof(float) * (size_t)d);
                 memcpy(ls->value_cache + kv_row(ls, j, pos, d), th->v + (size_t)j * d, sizeof(float) * (size_t)d);
-                attention_kv_head(c, ls, layer, pos, th->q, s->att, s->attn_out, j);
+            }
+            if (!whole) {
+#pragma omp barrier
+            }
+            for (int n0 = a, n1; n0 < b; n0 = n1) {                              /* attention, KV group by group */
+                n1 = (n0 / g + 1) * g < b ? (n0 / g + 1) * g : b;
+                attention_heads(c, ls, layer, pos, th->q, s->att, s->attn_out, n0, n1);
             }
 #pragma omp barrier
             if (me == 0) memcpy(ls->delayed_value, s->vd, sizeof(float) * (size_t)vhalf);

@@ -27,7 +27,9 @@
  * time at every intermediate tensor, and a table of where a step goes: the time between each pair of
  * consecutive taps (e.g. "input_layernorm -> self_attn.qkv_proj.q_proj" is the q/k/v product), summed
  * over the layers, in ms per token, in the order of a step. The callback's own cost (a clock read
- * per tap) is in those steps' time, not in the paired line above.
+ * per tap) is in those steps' time, not in the paired line above. With a tap set, zaya_forward runs
+ * the token through forward_batch (its batch path), not decode_token (which has no taps): the table
+ * shows where the work of a step goes, while the paired line times decode_token.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "zaya.h"
