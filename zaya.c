@@ -1732,7 +1732,7 @@ static void decode_token(const ZayaModel *m, ZayaState *s, int token) {
                 attention_heads(c, ls, layer, pos, th->q, s->att, s->attn_out, n0, n1);
             }
 #pragma omp barrier
-            if (me == 0) memcpy(ls->delayed_value, s->vd, sizeof(float) * (size_t)vhalf);
+            if (me == 0) memcpy(ls->delayed_value, s->vd, sizeof(float) * (size_t)vhalf);   /* all have read the old one */
             const MatmulOut o = {&L->o_proj, s->branch, H};
             project(&o, 1, s->attn_out, th, me, nth);                            /* o_proj */
             residual_scale(th->x, s->branch, &L->post_attention_residual_scale, H);
