@@ -54,6 +54,10 @@ def main():
             continue
         if cmd[0] != sys.executable:
             cmd = cmd[:-1]          # a compiled test: the last item only names its source
+            if not os.path.exists(os.path.join(ROOT, cmd[0])):
+                print(f"FAIL {name}: {cmd[0]} is not built (hint: run `make test`, which builds it)")
+                failed += 1
+                continue
         print(f"== {name}: {' '.join(cmd)}", flush=True)
         t0 = time.time()
         p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
