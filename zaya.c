@@ -551,8 +551,8 @@ void zaya_matvec(float *y, const ZayaMatrix *w, const float *x) {
     free(xqs);
 }
 
-static void add_bias(float *y, const float *b, int n) {
-    for (int i = 0; i < n; i++) y[i] += b[i];
+static void add_bias(float *y, const float *x, const float *b, int n) {   /* y = x + b (y may be x) */
+    for (int i = 0; i < n; i++) y[i] = x[i] + b[i];
 }
 
 /* softmax in float32 with the maximum subtracted (torch.softmax). */
@@ -1067,6 +1067,15 @@ static size_t kv_row(const ZayaLayerState *ls, int kvh, int pos, int d) {
     return ((size_t)kvh * (size_t)ls->cache_len + (size_t)kv_slot(ls, pos)) * (size_t)d;
 }
 
+/* The float vectors of a thread's state, for zaya_state_init (sizes in the same order) and _free. */
+#define THREAD_VECTORS 16
+static void thread_vectors(ZayaThreadState *th, float **v[THREAD_VECTORS]) {
+    float **all[THREAD_VECTORS] = {&th->x, &th->h, &th->y, &th->q, &th->k, &th->v, &th->q_res, &th->k_res,
+                                   &th->router_state, &th->router_a, &th->router_b, &th->router_probs,
+                                   &th->router_scores, &th->rope_cos, &th->rope_sin, &th->xq_scales};
+    memcpy(v, all, sizeof all);
+}
+
 int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t errlen) {
     const ZayaConfig *c = &m->config;
     memset(s, 0, sizeof *s);
@@ -1109,15 +1118,14 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t
     s->num_threads = omp_get_max_threads();
 #endif
     if (ok) ok = (s->threads = calloc((size_t)s->num_threads, sizeof(ZayaThreadState))) != NULL;
+    const size_t th_in = max_in > R ? max_in : R;   /* the widest product input of decode_token */
+    const size_t th_sizes[THREAD_VECTORS] = {H, H, H, nq * d, nkv * d, nkv * d, nq * d, nkv * d, R, R, R, E + 1, E + 1,
+                                             d, d, th_in};
     for (int t = 0; ok && t < s->num_threads; t++) {   /* each on its own cache lines */
-        ZayaThreadState *th = &s->threads[t];
-        float **tb[] = {&th->x, &th->h, &th->y, &th->q, &th->k, &th->v, &th->q_res, &th->k_res, &th->router_state,
-                        &th->router_a, &th->router_b, &th->router_probs, &th->router_scores, &th->rope_cos,
-                        &th->rope_sin, &th->xq_scales};
-        const size_t th_in = max_in > R ? max_in : R;   /* the widest product input */
-        size_t ts[] = {H, H, H, nq * d, nkv * d, nkv * d, nq * d, nkv * d, R, R, R, E + 1, E + 1, d, d, th_in};
-        for (size_t k = 0; ok && k < sizeof ts / sizeof ts[0]; k++) ok = (*tb[k] = calloc_lines(ts[k], sizeof(float))) != NULL;
-        if (ok) ok = (th->xq = calloc_lines(th_in, sizeof(int16_t))) != NULL;
+        float **tv[THREAD_VECTORS];
+        thread_vectors(&s->threads[t], tv);
+        for (int k = 0; ok && k < THREAD_VECTORS; k++) ok = (*tv[k] = calloc_lines(th_sizes[k], sizeof(float))) != NULL;
+        if (ok) ok = (s->threads[t].xq = calloc_lines(th_in, sizeof(int16_t))) != NULL;
     }
     if (!ok) {
         zaya_state_free(s);
@@ -1158,12 +1166,10 @@ void zaya_state_free(ZayaState *s) {
     free(s->xq);
     free(s->xq_hidden);
     for (int t = 0; s->threads && t < s->num_threads; t++) {
-        ZayaThreadState *th = &s->threads[t];
-        float *tb[] = {th->x, th->h, th->y, th->q, th->k, th->v, th->q_res, th->k_res, th->router_state,
-                       th->router_a, th->router_b, th->router_probs, th->router_scores, th->rope_cos, th->rope_sin,
-                       th->xq_scales};
-        for (size_t k = 0; k < sizeof tb / sizeof tb[0]; k++) free(tb[k]);
-        free(th->xq);
+        float **tv[THREAD_VECTORS];
+        thread_vectors(&s->threads[t], tv);
+        for (int k = 0; k < THREAD_VECTORS; k++) free(*tv[k]);
+        free(s->threads[t].xq);
     }
     free(s->threads);
     memset(s, 0, sizeof *s);
@@ -1487,7 +1493,7 @@ static void router(const ZayaModel *m, ZayaState *s, int layer, int n) {
     MATMUL(a, R, &L->router_down_proj, s->h, H, n);                             /* mlp.gate.down_proj */
     for (int t = 0; t < n; t++) {
         float *at = a + (size_t)t * R, *rho = s->router_state + (size_t)t * R;
-        add_bias(at, L->router_down_proj_bias, R);
+        add_bias(at, at, L->router_down_proj_bias, R);
         TAP(layer, s->pos + t, "mlp.gate.down_proj", at, R);
         router_eda(L, at, rho, R);
         TAP(layer, s->pos + t, "mlp.gate:router_state", rho, R);
@@ -1497,14 +1503,14 @@ static void router(const ZayaModel *m, ZayaState *s, int layer, int n) {
     MATMUL(a, R, &L->router_fc1, b, R, n);                                      /* router_mlp.fc1 + GELU */
     for (int t = 0; t < n; t++) {
         float *at = a + (size_t)t * R;
-        add_bias(at, L->router_fc1_bias, R);
+        add_bias(at, at, L->router_fc1_bias, R);
         TAP(layer, s->pos + t, "mlp.gate.router_mlp.fc1", at, R);
         gelu_all(at, R);
     }
     MATMUL(b, R, &L->router_fc2, a, R, n);                                      /* router_mlp.fc2 + GELU */
     for (int t = 0; t < n; t++) {
         float *bt = b + (size_t)t * R;
-        add_bias(bt, L->router_fc2_bias, R);
+        add_bias(bt, bt, L->router_fc2_bias, R);
         TAP(layer, s->pos + t, "mlp.gate.router_mlp.fc2", bt, R);
         gelu_all(bt, R);
     }
@@ -1740,18 +1746,15 @@ static void decode_token(const ZayaModel *m, ZayaState *s, int token) {
 
             const MatmulOut down = {&L->router_down_proj, s->router_a, R};       /* router */
             project(&down, 1, th->h, th, me, nth);
-            memcpy(th->router_a, s->router_a, sizeof(float) * (size_t)R);
-            add_bias(th->router_a, L->router_down_proj_bias, R);
+            add_bias(th->router_a, s->router_a, L->router_down_proj_bias, R);
             router_eda(L, th->router_a, th->router_state, R);
             rmsnorm(th->router_b, th->router_state, L->router_norm, R, eps);
             const MatmulOut fc1 = {&L->router_fc1, s->router_b, R}, fc2 = {&L->router_fc2, s->router_a, R};
             project(&fc1, 1, th->router_b, th, me, nth);
-            memcpy(th->router_a, s->router_b, sizeof(float) * (size_t)R);
-            add_bias(th->router_a, L->router_fc1_bias, R);
+            add_bias(th->router_a, s->router_b, L->router_fc1_bias, R);
             gelu_all(th->router_a, R);
             project(&fc2, 1, th->router_a, th, me, nth);
-            memcpy(th->router_b, s->router_a, sizeof(float) * (size_t)R);
-            add_bias(th->router_b, L->router_fc2_bias, R);
+            add_bias(th->router_b, s->router_a, L->router_fc2_bias, R);
             gelu_all(th->router_b, R);
             const MatmulOut out_proj = {&L->router_out_proj, th->router_probs, E + 1};   /* small: every thread */
             quantize_all(out_proj.w, th->router_b, th->xq, th->xq_scales);
