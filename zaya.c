@@ -473,25 +473,30 @@ static void thread_share(int total, int unit, int me, int nth, int *a, int *b) {
     *b = me + 1 == nth ? total : (int)((long long)total * (me + 1) / nth) / unit * unit;
 }
 
-/* For int8 weights w: quantizes thread me's equal share of the groups of X (n tokens, rows xs
- * apart) into xq/xqs, then waits for the other threads, since every thread's rows read all of X.
- * Nothing for float weights. Call it inside the parallel region. */
-static void quantize_share(const ZayaMatrix *w, const float *x, int xs, int n, int16_t *xq, float *xqs, int me, int nth) {
-    if (w->dtype != ZAYA_Q8) return;
+/* For int8 weights w: quantizes share me of nth of the groups of X (n tokens, rows xs apart) into
+ * xq/xqs and returns 1. Nothing for float weights: returns 0. */
+static int quantize_groups(const ZayaMatrix *w, const float *x, int xs, int n, int16_t *xq, float *xqs, int me, int nth) {
+    if (w->dtype != ZAYA_Q8) return 0;
     const int cols = w->cols, G = w->group_size, ng = cols / G;
     const long groups = (long)n * ng;
     for (long i = groups * me / nth; i < groups * (me + 1) / nth; i++) {
         const long t = i / ng;
         quantize_q16(xq + t * cols, xqs + t * ng, x + t * xs, cols, G, (int)(i % ng));
     }
-#pragma omp barrier
+    return 1;
 }
 
-/* For int8 weights w: all of one token's x quantized into xq/xqs by the calling thread alone
- * (decode_token, where each thread keeps its own copy). Nothing for float weights. */
+/* Thread me's equal share of X's groups, then a wait for the other threads, since every thread's
+ * rows read all of X. Call it inside the parallel region. */
+static void quantize_share(const ZayaMatrix *w, const float *x, int xs, int n, int16_t *xq, float *xqs, int me, int nth) {
+    if (quantize_groups(w, x, xs, n, xq, xqs, me, nth)) {
+#pragma omp barrier
+    }
+}
+
+/* All of one token's x by the calling thread alone (decode_token: each thread keeps its own copy). */
 static void quantize_all(const ZayaMatrix *w, const float *x, int16_t *xq, float *xqs) {
-    if (w->dtype != ZAYA_Q8) return;
-    for (int g = 0; g < w->cols / w->group_size; g++) quantize_q16(xq, xqs, x, w->cols, w->group_size, g);
+    quantize_groups(w, x, w->cols, 1, xq, xqs, 0, 1);
 }
 
 /* Thread me's equal share of the output rows of `count` products with the same input (already
@@ -1067,13 +1072,21 @@ static size_t kv_row(const ZayaLayerState *ls, int kvh, int pos, int d) {
     return ((size_t)kvh * (size_t)ls->cache_len + (size_t)kv_slot(ls, pos)) * (size_t)d;
 }
 
-/* The float vectors of a thread's state, for zaya_state_init (sizes in the same order) and _free. */
+/* The float vectors of a thread's state, for zaya_state_init and _free, and (size not NULL) their
+ * lengths for config c, `in` being the widest product input of decode_token. */
 #define THREAD_VECTORS 16
-static void thread_vectors(ZayaThreadState *th, float **v[THREAD_VECTORS]) {
+static void thread_vectors(ZayaThreadState *th, float **v[THREAD_VECTORS], size_t size[THREAD_VECTORS],
+                           const ZayaConfig *c, size_t in) {
     float **all[THREAD_VECTORS] = {&th->x, &th->h, &th->y, &th->q, &th->k, &th->v, &th->q_res, &th->k_res,
                                    &th->router_state, &th->router_a, &th->router_b, &th->router_probs,
                                    &th->router_scores, &th->rope_cos, &th->rope_sin, &th->xq_scales};
     memcpy(v, all, sizeof all);
+    if (!size) return;
+    const size_t H = (size_t)c->hidden_size, d = (size_t)c->head_dim, nq = (size_t)c->num_heads,
+                 nkv = (size_t)c->num_kv_heads, R = (size_t)c->router_hidden, E = (size_t)c->num_experts;
+    const size_t n[THREAD_VECTORS] = {H, H, H, nq * d, nkv * d, nkv * d, nq * d, nkv * d, R, R, R, E + 1, E + 1,
+                                      d, d, in};   /* rope tables: [2 layer types][d/2] */
+    memcpy(size, n, sizeof n);
 }
 
 int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t errlen) {
@@ -1119,11 +1132,10 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t
 #endif
     if (ok) ok = (s->threads = calloc((size_t)s->num_threads, sizeof(ZayaThreadState))) != NULL;
     const size_t th_in = max_in > R ? max_in : R;   /* the widest product input of decode_token */
-    const size_t th_sizes[THREAD_VECTORS] = {H, H, H, nq * d, nkv * d, nkv * d, nq * d, nkv * d, R, R, R, E + 1, E + 1,
-                                             d, d, th_in};
     for (int t = 0; ok && t < s->num_threads; t++) {   /* each on its own cache lines */
         float **tv[THREAD_VECTORS];
-        thread_vectors(&s->threads[t], tv);
+        size_t th_sizes[THREAD_VECTORS];
+        thread_vectors(&s->threads[t], tv, th_sizes, c, th_in);
         for (int k = 0; ok && k < THREAD_VECTORS; k++) ok = (*tv[k] = calloc_lines(th_sizes[k], sizeof(float))) != NULL;
         if (ok) ok = (s->threads[t].xq = calloc_lines(th_in, sizeof(int16_t))) != NULL;
     }
@@ -1167,7 +1179,7 @@ void zaya_state_free(ZayaState *s) {
     free(s->xq_hidden);
     for (int t = 0; s->threads && t < s->num_threads; t++) {
         float **tv[THREAD_VECTORS];
-        thread_vectors(&s->threads[t], tv);
+        thread_vectors(&s->threads[t], tv, NULL, NULL, 0);
         for (int k = 0; k < THREAD_VECTORS; k++) free(*tv[k]);
         free(s->threads[t].xq);
     }
@@ -1696,6 +1708,8 @@ static void decode_token(const ZayaModel *m, ZayaState *s, int token) {
         ZayaThreadState *th = &s->threads[me];
         matrix_row(&m->embed_tokens, token, th->h);                              /* 3.1 embedding, input scaling */
         for (int i = 0; i < H; i++) th->x[i] = (th->h[i] + m->input_hidden_states_bias[i]) * m->input_hidden_states_scale[i];
+        for (int type = 0; type < 2; type++)                                     /* RoPE tables of both layer types */
+            rope_tables(th->rope_cos + type * (d / 2), th->rope_sin + type * (d / 2), pos, c->rope_dim[type], c->rope_theta[type]);
         for (int layer = 0; layer < c->num_layers; layer++) {
             const ZayaLayer *L = &m->layers[layer];
             ZayaLayerState *ls = &s->layers[layer];
@@ -1718,9 +1732,9 @@ static void decode_token(const ZayaModel *m, ZayaState *s, int token) {
             memcpy(th->v + vhalf, ls->delayed_value, sizeof(float) * (size_t)vhalf);
             qk_norm(th->q, nq, d, NULL);                                         /* qk_norm */
             qk_norm(th->k, nkv, d, L->qk_norm_temp);
-            rope_tables(th->rope_cos, th->rope_sin, pos, rot, c->rope_theta[type]);   /* RoPE */
-            rope(th->q, nq, d, rot, th->rope_cos, th->rope_sin);
-            rope(th->k, nkv, d, rot, th->rope_cos, th->rope_sin);
+            const float *cos_t = th->rope_cos + type * (d / 2), *sin_t = th->rope_sin + type * (d / 2);   /* RoPE */
+            rope(th->q, nq, d, rot, cos_t, sin_t);
+            rope(th->k, nkv, d, rot, cos_t, sin_t);
             /* attention over this thread's query heads: whole KV groups while there are no more threads
              * than KV heads, so that a thread appends the keys and values it reads itself; else any heads,
              * once each KV head's row is in the cache (appended by the thread of its first query head) */

@@ -165,7 +165,7 @@ typedef struct {
     float *q_res, *k_res;          /* CCA residual mix [nq*d], [nkv*d] */
     float *router_state, *router_a, *router_b;                   /* [R] */
     float *router_probs, *router_scores;                         /* [E+1] */
-    float *rope_cos, *rope_sin;    /* [rot/2] */
+    float *rope_cos, *rope_sin;    /* [2][d/2]: one table per layer type (rot/2 <= d/2 used) */
     int16_t *xq;                   /* a product's input quantized for int8 weights [max in-features] */
     float *xq_scales;
 } ZayaThreadState;
