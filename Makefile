@@ -1,52 +1,49 @@
-# zaya.c - build, test, demo.  `make` builds ./zaya with plain cc, libc and libm only.
+# zaya.c - build, test, demo.  `make` builds ./zaya with cc, libc (pthreads) and libm only.
 CC      ?= cc
 CFLAGS  ?= -O3 -march=native
 WARN     = -std=c11 -Wall -Wextra -Werror -Wno-unknown-pragmas
 COMMIT  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DEFS     = -DZAYA_COMMIT=\"$(COMMIT)\"
-SRC      = zaya.c tokenizer.c trace.c
-HDR      = zaya.h tokenizer.h trace.h
+LIB      = zaya.c kernels.c tokenizer.c trace.c
+SRC      = $(LIB) main.c
+HDR      = zaya.h kernels.h tokenizer.h trace.h
+LIBS     = -pthread -lm
 PYTHON  ?= python3
 FIXTURES ?= ../shared/fixtures
 CKPT    ?= $(FIXTURES)/public/checkpoint_native
 
-.PHONY: all omp debug test demo docs fuzz clean
+.PHONY: all debug test demo docs fuzz clean
 all: zaya
 
-# the reference build: single-threaded, no dependencies
 zaya: $(SRC) $(HDR)
-	$(CC) $(CFLAGS) $(WARN) $(DEFS) -o $@ $(SRC) -lm
+	$(CC) $(CFLAGS) $(WARN) $(DEFS) -o $@ $(SRC) $(LIBS)
 
-# OpenMP: multithreaded matvecs (results identical for any thread count)
-omp: zaya_omp
-zaya_omp: $(SRC) $(HDR)
-	$(CC) $(CFLAGS) -fopenmp $(WARN) $(DEFS) -o $@ $(SRC) -lm
-
-# debug: AddressSanitizer + UndefinedBehaviorSanitizer
+# debug: AddressSanitizer + UndefinedBehaviorSanitizer, portable C kernels (no -march=native)
 debug: zaya_debug
 zaya_debug: $(SRC) $(HDR)
-	$(CC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(WARN) $(DEFS) -o $@ $(SRC) -lm
+	$(CC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(WARN) $(DEFS) -o $@ $(SRC) $(LIBS)
 
-build/test_kernels: test/test_kernels.c $(SRC) $(HDR)
+# test/test_kernels.c: every fast kernel against its reference twin (kernels.c)
+build/test_kernels: test/test_kernels.c $(LIB) $(HDR)
 	mkdir -p build
-	$(CC) $(CFLAGS) $(WARN) -DZAYA_NO_MAIN -I. -o $@ test/test_kernels.c $(SRC) -lm
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_kernels.c $(LIB) $(LIBS)
 
-# test/test_sample.c includes zaya.c whole, to test the command line's static sampler
+# test/test_sample.c includes main.c whole, to test the command line's static sampler
 build/test_sample: test/test_sample.c $(SRC) $(HDR)
 	mkdir -p build
-	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_sample.c tokenizer.c trace.c -lm
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_sample.c $(LIB) $(LIBS)
 
-# test/test_decode.c: zaya_forward's decode path against its batch path (OpenMP: several threads)
-build/test_decode: test/test_decode.c $(SRC) $(HDR)
+# test/test_decode.c: a token decoded without a tap = the same token with one (--dump), any thread count
+build/test_decode: test/test_decode.c $(LIB) $(HDR)
 	mkdir -p build
-	$(CC) $(CFLAGS) -fopenmp $(WARN) -DZAYA_NO_MAIN -I. -o $@ test/test_decode.c $(SRC) -lm
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_decode.c $(LIB) $(LIBS)
 
 # bench/decode_vs_read.c: decode steps alternating with plain reads of the same weight bytes (bench.sh)
-build/decode_vs_read: bench/decode_vs_read.c bench/read_sum.h $(SRC) $(HDR)
+build/decode_vs_read: bench/decode_vs_read.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
-	$(CC) $(CFLAGS) -fopenmp $(WARN) -DZAYA_NO_MAIN -I. -o $@ bench/decode_vs_read.c $(SRC) -lm
+	$(CC) $(CFLAGS) -fopenmp $(WARN) -I. -o $@ bench/decode_vs_read.c $(LIB) $(LIBS)
 
-test: zaya zaya_omp zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/test_decode
+test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/test_decode
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 
 # the main job on real input: export a hub-format checkpoint, generate from an English prompt
@@ -66,10 +63,10 @@ FUZZ_TIME ?= 600
 fuzz:
 	mkdir -p build
 	clang -g -O1 -march=native -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 \
-	    -DZAYA_NO_MAIN -I. test/fuzz/fuzz_blob.c zaya.c tokenizer.c -lm -o build/fuzz_blob
+	    -I. test/fuzz/fuzz_blob.c $(LIB) $(LIBS) -o build/fuzz_blob
 	$(PYTHON) test/fuzz/make_seeds.py build/fuzz_blob_corpus
 	cd build && ./fuzz_blob fuzz_blob_corpus -max_len=32768 -timeout=10 -rss_limit_mb=2048 \
 	    -max_total_time=$(FUZZ_TIME) -artifact_prefix=fuzz_blob_crashes/
 
 clean:
-	rm -rf zaya zaya_omp zaya_debug build
+	rm -rf zaya zaya_debug build

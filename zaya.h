@@ -1,7 +1,8 @@
-/* zaya.h - public API of zaya.c, a readable C reference implementation of Zyphra's ZAYA1-8B.
+/* zaya.h - public API of zaya.c, a readable C reference implementation of Zyphra's ZAYA1 models.
  *
- * One token at a time:  zaya_load() -> zaya_state_init() -> zaya_forward() per position.
- * Everything is float32; bf16 and int8 weights are widened / dequantized at use, row by row.
+ *   zaya_load() -> zaya_state_init() -> zaya_forward() on the prompt, then on each new token.
+ * Activations are float32. bf16 weights are widened exactly; int8 weights (Q8 groups) meet the
+ * activations quantized to int16 per group in exact integer dot products (kernels.c).
  * The model is described in docs/architecture.md (cited below as "arch §n"); the upstream code
  * is Hugging Face transformers' src/transformers/models/zaya/modeling_zaya.py ("HF").
  *
@@ -35,7 +36,7 @@ enum { ZAYA_SKIP_ZERO = 0, ZAYA_SKIP_PASSTHROUGH = 1 };
 typedef struct {
     int vocab_size;        /* embedding / LM-head rows (262272); the tokenizer has fewer ids */
     int hidden_size;       /* H */
-    int num_layers;        /* L (native layers: attention + MoE each) */
+    int num_layers;        /* native layers (attention + MoE each) */
     int num_heads;         /* nq: query heads after CCA */
     int num_kv_heads;      /* nkv: key/value heads; a query head n uses KV head n / (nq/nkv) */
     int head_dim;          /* d */
@@ -153,22 +154,11 @@ typedef struct {
     float *delayed_value;             /* [nkv*d/2]: v_proj_delayed of the previous token */
 } ZayaLayerState;
 
-/* Prompts are processed in batches of up to ZAYA_BATCH tokens: each weight matrix is read once per
- * batch instead of once per token. Results are identical to running the tokens one by one. */
+/* forward() takes at most ZAYA_BATCH tokens at once: each weight matrix is read once per batch
+ * instead of once per token. Results are identical to running the tokens one by one. */
 #define ZAYA_BATCH 256
 
-/* A thread's own copies of one decoded token's small vectors: in zaya_forward every thread computes
- * the steps between the matrix products itself (decode_token in zaya.c). */
-typedef struct {
-    float *x, *h, *y;              /* residual stream, normalized block input, MoE output [H] */
-    float *q, *k, *v;              /* after CCA, qk_norm and RoPE / values [nq*d], [nkv*d], [nkv*d] */
-    float *q_res, *k_res;          /* CCA residual mix [nq*d], [nkv*d] */
-    float *router_state, *router_a, *router_b;                   /* [R] */
-    float *router_probs, *router_scores;                         /* [E+1] */
-    float *rope_cos, *rope_sin;    /* [2][d/2]: one table per layer type (rot/2 <= d/2 used) */
-    int16_t *xq;                   /* a product's input quantized for int8 weights [max in-features] */
-    float *xq_scales;
-} ZayaThreadState;
+struct Kernels;   /* the fast kernels' threads and scratch (kernels.h) */
 
 /* Everything that changes while running: per-layer state, the position, scratch buffers. */
 typedef struct {
@@ -176,14 +166,15 @@ typedef struct {
     int num_layers;
     int ctx;                  /* maximum number of positions */
     int pos;                  /* next position to run (= tokens seen so far) */
-    int batch;                /* prompt tokens per batch, 1..ZAYA_BATCH (default ZAYA_BATCH) */
+    int batch;                /* tokens per forward() batch, 1..ZAYA_BATCH (default ZAYA_BATCH) */
     int skip_expert;          /* ZAYA_SKIP_ZERO (default) or ZAYA_SKIP_PASSTHROUGH */
     ZayaTapFn tap;            /* optional: called with every intermediate tensor */
     void *tap_ctx;
+    struct Kernels *kernels;
     /* scratch for a batch of B = ZAYA_BATCH tokens, row t = token t: [B, dim] */
     float *x;                 /* residual stream r [B, H] */
     float *h;                 /* normalized input of a block [B, H] */
-    float *u;                 /* [q_proj ; k_proj] outputs = the CCA conv input u_t [B, C] */
+    float *u;                 /* [q_proj ; k_proj] outputs = the CCA conv input u_t [B, C], C = (nq+nkv)*d */
     float *q, *k, *v;         /* after CCA / values [B, nq*d], [B, nkv*d], [B, nkv*d] */
     float *vd;                /* v_proj_delayed of each token [B, nkv*d/2] */
     float *attn_out;          /* [B, nq*d] */
@@ -194,41 +185,32 @@ typedef struct {
     int *expert;              /* chosen router class per token [B] (E = skip) */
     float *expert_weight;     /* its weight [B] */
     float *expert_in, *expert_hidden, *expert_out;   /* tokens of one expert [B, H], [B, 2I], [B, H] */
-    int16_t *xq;              /* activations quantized for int8 weights [B, max in-features] */
-    float *xq_scales;
-    int16_t *xq_hidden;       /* an expert's SiLU(gate)*up quantized for down_proj [B, I] (expert_swiglu) */
-    float *xq_hidden_scales;
     /* scratch for one token */
-    float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} [C, t1], then 2C floats of scratch */
+    float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} [C, t1] */
+    float *z;                 /* grouped conv output z_t [C], then a_t [C] */
     float *q_res, *k_res;     /* residual mix [nq*d], [nkv*d] */
     float *att;               /* attention probabilities [nq, keys], keys <= ctx (tap self_attn:attn_weights) */
     float *router_scores;     /* probs + balancing biases [E+1] */
     float *rope_cos, *rope_sin;   /* [rot/2] */
     float *logits;            /* [V]: logits of the last token run */
-    ZayaThreadState *threads; /* [num_threads]: decode's per-thread vectors */
-    int num_threads;          /* OpenMP's thread count when the state was made (1 without OpenMP) */
 } ZayaState;
 
-/* Allocates the state for up to ctx positions (1 <= ctx <= max_position) and zeroes it; zaya_forward
- * uses at most as many threads as OpenMP had then (omp_get_max_threads).
- * Mirrors an empty HF cache (DynamicCache with conv/recurrent slots). Returns 0 or -1 + err. */
-int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, char *err, size_t errlen);
+/* Allocates the state for up to ctx positions (1 <= ctx <= max_position) and zeroes it: an empty HF
+ * cache (DynamicCache with conv/recurrent slots). threads: how many threads the kernels use (0 = the
+ * cores this process may run on); results are identical for any count. Returns 0 or -1 + err. */
+int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, int threads, char *err, size_t errlen);
+/* The number of threads the state's kernels run. */
+int zaya_state_threads(const ZayaState *s);
 /* Back to position 0 with empty caches (keeps the allocation and the options). */
 void zaya_state_reset(ZayaState *s, const ZayaModel *m);
 void zaya_state_free(ZayaState *s);
 
-/* Runs token `token` at position s->pos through the model and advances s->pos; the logits for the
- * next token are in s->logits [vocab_size]. Mirrors HF ZayaForCausalLM.forward on one new token
- * with a cache. Without a tap it runs as one parallel region (decode_token); with one, as a prompt
- * of one token (zaya_prefill): the results are identical. Returns 0, or -1 + err when the id is
- * not in 0..vocab_size-1 or the context is full (nothing is changed then). */
-int zaya_forward(const ZayaModel *m, ZayaState *s, int token, char *err, size_t errlen);
-
-/* Runs n tokens at positions s->pos .. s->pos+n-1 (a prompt), in batches of ZAYA_BATCH; same
- * results as n calls of zaya_forward, faster. s->logits = the last token's logits (with a tap set,
- * every position's logits are computed and reported). Returns 0, or -1 + err (bad id or the
- * context would overflow; nothing is run then). */
-int zaya_prefill(const ZayaModel *m, ZayaState *s, const int *tokens, int n, char *err, size_t errlen);
+/* Runs tokens[0..n) at positions s->pos .. s->pos+n-1 through the model (HF ZayaForCausalLM.forward
+ * with a cache) and advances s->pos by n: a prompt (n > 1) or one generated token (n = 1) alike. The
+ * next token's logits are in s->logits [vocab_size]; with a tap set, every position's logits are
+ * computed and reported. Returns 0, or -1 + err when an id is not in 0..vocab_size-1 or the context
+ * would overflow (nothing is run then). */
+int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, char *err, size_t errlen);
 
 /* Calls fn with the decoding state after the last position: conv state, delayed value and the
  * KV cache of every layer (names in docs/compare.md), row-major with full shapes in tap->shape. */
@@ -238,10 +220,5 @@ void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void 
  * that value j of group k sits at (j/2)*16 + 2k + j%2 (docs/blob-format.md); the tail of a row
  * that is not a whole block, and odd group sizes, are stored in order. */
 size_t zaya_q8_position(int i, int cols, int group);
-
-/* y[rows] = W x[cols]; reference kernel (plain loops), any dtype. */
-void zaya_matvec_ref(float *y, const ZayaMatrix *w, const float *x);
-/* Same result computed by the fast kernel used in zaya_forward (vectorized, multithreaded). */
-void zaya_matvec(float *y, const ZayaMatrix *w, const float *x);
 
 #endif /* ZAYA_H */

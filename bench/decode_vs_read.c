@@ -27,9 +27,10 @@
  * time at every intermediate tensor, and a table of where a step goes: the time between each pair of
  * consecutive taps (e.g. "input_layernorm -> self_attn.qkv_proj.q_proj" is the q/k/v product), summed
  * over the layers, in ms per token, in the order of a step. The callback's own cost (a clock read
- * per tap) is in those steps' time, not in the paired line above. With a tap set, zaya_forward runs
- * the token through forward_batch (its batch path), not decode_token (which has no taps): the table
- * shows where the work of a step goes, while the paired line times decode_token.
+ * per tap) is in those steps' time, not in the paired line above.
+ *
+ * The engine's threads (--threads N, default: the cores this process may use) are its own; the plain
+ * read runs on N OpenMP threads.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "zaya.h"
@@ -210,7 +211,7 @@ static void profile(const ZayaModel *m, ZayaState *s, int steps) {
         p.last = "(step start)";
         p.t = now_s();
         const double t0 = p.t;
-        if (zaya_forward(m, s, next, err, sizeof err) != 0) die(err, NULL);
+        if (zaya_forward(m, s, &next, 1, err, sizeof err) != 0) die(err, NULL);
         profile_mark(&p, "(step end)");
         total += now_s() - t0;
     }
@@ -252,13 +253,7 @@ int main(int argc, char **argv) {
         else usage();
     }
     if (!path) usage();
-#ifdef _OPENMP
-    if (threads) omp_set_num_threads(threads);
-    threads = omp_get_max_threads();
-#else
-    threads = 1;
-#endif
-    /* the prompt: comma-separated ids (range-checked by zaya_prefill), or BOS alone;
+    /* the prompt: comma-separated ids (range-checked by zaya_forward), or BOS alone;
      * read before the load, which takes seconds for the 8B blob */
     int prompt = 1;
     char *end;
@@ -280,9 +275,13 @@ int main(int argc, char **argv) {
     ZayaState s;
     if (zaya_load(&m, path, huge ? ZAYA_LOAD_HUGEPAGES : 0, err, sizeof err) != 0) die(err, NULL);
     if (!id_list) ids[0] = m.config.bos_id;
-    if (zaya_state_init(&s, &m, prompt + (1 + want_profile) * steps + 1, err, sizeof err) != 0) die(err, NULL);
+    if (zaya_state_init(&s, &m, prompt + (1 + want_profile) * steps + 1, threads, err, sizeof err) != 0) die(err, NULL);
+    threads = zaya_state_threads(&s);
+#ifdef _OPENMP
+    omp_set_num_threads(threads);   /* the plain read: as many threads as the engine */
+#endif
     const Ranges rs = step_ranges(&m);
-    if (zaya_prefill(&m, &s, ids, prompt, err, sizeof err) != 0) die(err, NULL);
+    if (zaya_forward(&m, &s, ids, prompt, err, sizeof err) != 0) die(err, NULL);
     read_pass(&rs);   /* warm-up */
 
     double *ratio = malloc(sizeof(double) * (size_t)steps), t_decode = 0, t_read = 0;
@@ -290,7 +289,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < steps; i++) {
         const int next = greedy(&m, &s);
         const double t0 = now_s();
-        if (zaya_forward(&m, &s, next, err, sizeof err) != 0) die(err, NULL);
+        if (zaya_forward(&m, &s, &next, 1, err, sizeof err) != 0) die(err, NULL);
         const double td = now_s() - t0, tr = read_pass(&rs);
         t_decode += td;
         t_read += tr;

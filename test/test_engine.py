@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_engine.py - the exporter and the fp32 engine against the official implementation.
 
-    make zaya zaya_omp zaya_debug build/test_decode && python3 test/test_engine.py
+    make zaya zaya_debug build/test_decode && python3 test/test_engine.py
 
 On ../shared/fixtures/public (both hub layouts): every layer output within relative L2 1e-5 of
 golden/hidden_states.npy, logits within 1e-3 of the official top-16, router indices identical,
@@ -87,20 +87,31 @@ lg_huge = read_npy(os.path.join(dump(native, "hugepages", "--hugepages"), "logit
 check(lg_huge == lg_up, "--hugepages (weights copied to huge-page memory) gives identical logits")
 lg_b1 = read_npy(os.path.join(dump(native, "batch1", "--batch", "1"), "logits.npy"))[1]
 check(lg_b1 == lg_up, "prefill in batches gives the logits of token-by-token prefill exactly")
-for threads in ("1", "2"):
-    lg = read_npy(os.path.join(dump(native, f"omp{threads}", "--threads", threads, exe="./zaya_omp"),
-                               "logits.npy"))[1]
-    check(lg == lg_up, f"OpenMP build with {threads} thread(s) gives identical logits")
+for threads in ("1", "2", "3"):
+    lg = read_npy(os.path.join(dump(native, f"threads{threads}", "--threads", threads), "logits.npy"))[1]
+    check(lg == lg_up, f"--threads {threads} gives identical logits")
 
-# zaya_forward without a tap runs decode_token (one parallel region per token); with a tap (every
-# --dump above) it runs forward_batch: the two must give the same bits (build/test_decode)
+# generation runs forward() without a tap, --dump with one: the same bits (build/test_decode, in the
+# library), and on the command line the greedy ids are the argmax of the dumped logits
 native_int8 = export("native", "int8")
 for blob, extra in ((native, []), (native_bf16, []), (native_int8, ["hugepages"]), (native_int8, []),
                     (legacy, ["passthrough"])):
     for threads in ("1", "2", "3"):
-        rc, out, err = run(["build/test_decode", blob, IDS, "16", *extra], env=dict(os.environ, OMP_NUM_THREADS=threads))
+        rc, out, err = run(["build/test_decode", blob, IDS, "16", *extra], env=dict(os.environ, ZAYA_THREADS=threads))
         check(rc == 0 and out.startswith("PASS"), (out.strip()[5:] or f"test_decode {blob} runs").replace(BUILD + "/", ""),
               (out + err).strip()[-500:])
+
+rc, out, err = run(["./zaya", native, "--ids", IDS, "-n", "8", "-t", "0", "--print-ids", "--threads", "2"])
+gen = [int(x) for x in out.strip().split(",")] if rc == 0 and out.strip() else []
+n_prompt = len(IDS.split(","))
+d_gen = os.path.join(BUILD, "generated")
+shutil.rmtree(d_gen, ignore_errors=True)
+run(["./zaya", native, "--ids", IDS + "," + ",".join(map(str, gen[:-1])), "--dump", d_gen, "--dump-filter", "^logits$", "--threads", "1"])
+shape, lg = read_npy(os.path.join(d_gen, "logits.npy")) if os.path.exists(os.path.join(d_gen, "logits.npy")) else ((0, 1), [])
+V = shape[-1]
+argmax = [max(range(V), key=lambda v, r=lg[p * V:(p + 1) * V]: r[v]) for p in range(n_prompt - 1, shape[0])]
+check(len(gen) == 8 and argmax == gen, "greedy generation (2 threads, no tap) = argmax of --dump's logits (1 thread) at every generated position",
+      f"generated {gen}, dump argmax {argmax}; {err.strip()[-300:]}")
 
 for mode, golden in (("zero", "golden"), ("passthrough", "golden_zyphra")):
     rc, out, err = run(["./zaya", native, "--ids", IDS, "-n", "16", "-t", "0", "--print-ids", "--skip-expert", mode])

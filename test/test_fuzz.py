@@ -23,7 +23,7 @@ FUZZ = os.path.join(ROOT, "test", "fuzz")
 REG = os.path.join(FUZZ, "regressions")
 os.makedirs(BUILD, exist_ok=True)
 SAN = ["-g", "-O1", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fsanitize=float-cast-overflow", "-fno-sanitize-recover=all", "-std=c11",
-       "-DZAYA_NO_MAIN", "-I."]
+       "-I."]
 ENV = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0", UBSAN_OPTIONS="print_stacktrace=1")
 cc = os.environ.get("CC", "cc")
 
@@ -55,7 +55,7 @@ rc, _, err = run([sys.executable, os.path.join(FUZZ, "make_seeds.py"), seeds])
 check(rc == 0, "make_seeds.py writes the tiny seed blobs", err[-500:])
 for flavour, extra in (("portable", []), ("native", ["-march=native"])):
     exe = os.path.join(BUILD, f"replay_blob_{flavour}")
-    rc, _, err = run([cc, *SAN, *extra, "-o", exe, "test/fuzz/replay.c", "test/fuzz/fuzz_blob.c", "zaya.c", "tokenizer.c", "-lm"])
+    rc, _, err = run([cc, *SAN, *extra, "-o", exe, "test/fuzz/replay.c", "test/fuzz/fuzz_blob.c", "zaya.c", "kernels.c", "tokenizer.c", "-pthread", "-lm"])
     if check(rc == 0, f"build the fuzz_blob replay ({flavour}, gcc + ASan/UBSan)", err[-800:]):
         replay(f"fuzz_blob replay ({flavour}) of the regressions and seeds", exe, inputs("fuzz_blob") + [seeds])
 

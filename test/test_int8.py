@@ -83,7 +83,7 @@ check(rc == 0 and read_npy(os.path.join(d_b1, "logits.npy"))[1] == a,
 # two OpenMP threads (rows, heads and the activations of a batch split between them): the same bits
 d_t2 = os.path.join(BUILD, "int8test_threads2")
 shutil.rmtree(d_t2, ignore_errors=True)
-rc, _, err = run(["./zaya_omp", q8_blob, "--ids", IDS, "--dump", d_t2, "--dump-filter", "^logits$", "--threads", "2"])
+rc, _, err = run(["./zaya", q8_blob, "--ids", IDS, "--dump", d_t2, "--dump-filter", "^logits$", "--threads", "2"])
 check(rc == 0 and read_npy(os.path.join(d_t2, "logits.npy"))[1] == a,
       "int8: the OpenMP build on 2 threads gives the 1-thread logits bit for bit", err[-300:])
 
@@ -111,7 +111,7 @@ def interleaved_rows_case():
             continue
         dumps = {}
         for label, cmd in (("rows alone", ["./zaya"]), ("interleaved", ["./zaya", "--hugepages"]),
-                           ("interleaved, 2 threads", ["./zaya_omp", "--hugepages", "--threads", "2"]),
+                           ("interleaved, 2 threads", ["./zaya", "--hugepages", "--threads", "2"]),
                            ("--hugepages, portable kernels", ["./zaya_debug", "--hugepages"])):
             d = os.path.join(BUILD, f"interleave_g{group}_{len(dumps)}")
             shutil.rmtree(d, ignore_errors=True)

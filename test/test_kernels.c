@@ -1,18 +1,19 @@
-/* test_kernels.c - the fast matvec kernels against the reference kernel (plain loops).
+/* test_kernels.c - every fast kernel of kernels.c against its plain-loop reference twin.
  *
  *   make build/test_kernels && build/test_kernels
  *
- * For every dtype (fp32, bf16, int8 groups of 32 and 16) and a few shapes (row lengths that are and
- * are not multiples of the SIMD widths): zaya_matvec (AVX-512/VNNI when compiled with them, else
- * portable C) must agree with zaya_matvec_ref within the documented tolerance:
+ * matmul (fp32, bf16, int8 groups of 32, 16 and 8; row lengths that are and are not multiples of
+ * the SIMD widths) against matmul_ref, within the documented tolerance:
  *   fp32, bf16: relative L2 <= 1e-5 (only the summation order differs);
  *   int8: relative L2 <= 1e-4 (the fast kernel rounds the activations to int16 per group of the
  *         weights: ~1.5e-5 relative per value; the reference multiplies float activations).
- * It also checks that two calls give the same bits, and that interleaved int8 rows (what zaya_load
- * does with ZAYA_LOAD_HUGEPAGES) give the same bits as rows stored alone, row counts that leave rows
- * outside the last group and row tails included. Prints PASS/FAIL lines.
+ * The fast results must be the same bits for 1, 2 and 3 threads and for one token or several per
+ * call, and interleaved int8 rows (what zaya_load does with ZAYA_LOAD_HUGEPAGES) must give the same
+ * bits as rows stored alone. attention against attention_ref (relative L2 <= 1e-5) on KV caches
+ * that are rings (sliding layers) and full, several head layouts, again the same bits for any
+ * thread count. Prints PASS/FAIL lines.
  */
-#include "zaya.h"
+#include "kernels.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -26,15 +27,29 @@ static float frand(void) {   /* uniform in [-1, 1) */
     return (float)((rng >> 40) & 0xFFFFFF) / 8388608.0f - 1.0f;
 }
 
-static void run_case(int dtype, int rows, int cols, int group) {
+static void check(int ok, const char *what, const char *label) {
+    printf("%s %s: %s\n", ok ? "PASS" : "FAIL", label, what);
+    failures += !ok;
+}
+
+static double rel_l2(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) { num += (double)(a[i] - ref[i]) * (a[i] - ref[i]); den += (double)ref[i] * ref[i]; }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+enum { TOKENS = 9 };
+static Kernels *pools[4];   /* [threads] */
+
+static void matmul_case(int dtype, int rows, int cols, int group) {
     size_t n = (size_t)rows * cols;
-    float *wf = malloc(n * sizeof(float)), *x = malloc((size_t)cols * sizeof(float));
-    float *y = malloc((size_t)rows * sizeof(float)), *y2 = malloc((size_t)rows * sizeof(float));
-    float *yr = malloc((size_t)rows * sizeof(float));
+    float *wf = malloc(n * sizeof(float)), *x = malloc((size_t)TOKENS * cols * sizeof(float));
+    float *y = malloc((size_t)TOKENS * rows * sizeof(float)), *y2 = malloc((size_t)TOKENS * rows * sizeof(float));
+    float *yr = malloc((size_t)TOKENS * rows * sizeof(float));
     void *data = NULL;
     float *scales = NULL;
     for (size_t i = 0; i < n; i++) wf[i] = frand() * 0.05f;
-    for (int i = 0; i < cols; i++) x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+    for (int i = 0; i < TOKENS * cols; i++) x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
     if (dtype == ZAYA_F32) data = wf;
     else if (dtype == ZAYA_BF16) {
         uint16_t *b = malloc(n * sizeof(uint16_t));
@@ -56,52 +71,89 @@ static void run_case(int dtype, int rows, int cols, int group) {
         data = q;
     }
     ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_Q8 ? group : 0, data, scales, 0};
-    zaya_matvec_ref(yr, &m, x);
-    zaya_matvec(y, &m, x);
-    zaya_matvec(y2, &m, x);
-    double num = 0, den = 0;
-    for (int o = 0; o < rows; o++) { num += (double)(y[o] - yr[o]) * (y[o] - yr[o]); den += (double)yr[o] * yr[o]; }
-    double rel = sqrt(num / den), tol = dtype == ZAYA_Q8 ? 1e-4 : 1e-5;
     const char *names[] = {"fp32", "bf16", "int8"};
-    char label[128];
-    snprintf(label, sizeof label, "%s [%d x %d]%s%.0d", names[dtype], rows, cols, dtype == ZAYA_Q8 ? " group " : "",
+    char label[128], what[160];
+    snprintf(label, sizeof label, "matmul %s [%d x %d]%s%.0d", names[dtype], rows, cols, dtype == ZAYA_Q8 ? " group " : "",
              dtype == ZAYA_Q8 ? group : 0);
-    if (rel <= tol) printf("PASS matvec %s: fast vs reference rel L2 %.2e <= %.0e\n", label, rel, tol);
-    else { printf("FAIL matvec %s: fast vs reference rel L2 %.2e > %.0e\n", label, rel, tol); failures++; }
-    if (memcmp(y, y2, (size_t)rows * sizeof(float)) == 0) printf("PASS matvec %s: deterministic\n", label);
-    else { printf("FAIL matvec %s: two calls differ\n", label); failures++; }
-    const int R = ZAYA_Q8_INTERLEAVE;
-    if (dtype == ZAYA_Q8 && cols % 64 == 0 && rows >= R) {   /* interleaved rows (ZayaMatrix.interleaved_rows) */
+
+    matmul_ref(yr, rows, &m, x, cols, 1);
+    matmul(pools[1], y, rows, &m, x, cols, 1);
+    const double rel = rel_l2(y, yr, (size_t)rows), tol = dtype == ZAYA_Q8 ? 1e-4 : 1e-5;
+    snprintf(what, sizeof what, "fast vs reference rel L2 %.2e (<= %.0e)", rel, tol);
+    check(rel <= tol, what, label);
+
+    /* each token alone on one thread, then all tokens at once on 1-3 threads: the same bits */
+    for (int t = 0; t < TOKENS; t++) matmul(pools[1], y + (size_t)t * rows, rows, &m, x + (size_t)t * cols, cols, 1);
+    int same = 1;
+    for (int threads = 1; threads <= 3; threads++) {
+        matmul(pools[threads], y2, rows, &m, x, cols, TOKENS);
+        same = same && !memcmp(y, y2, (size_t)TOKENS * rows * sizeof(float));
+    }
+    check(same, "the same bits for 1-3 threads and 1 or 9 tokens a call", label);
+
+    const int RI = ZAYA_Q8_INTERLEAVE;
+    if (dtype == ZAYA_Q8 && cols % 64 == 0 && rows >= RI) {   /* interleaved rows (ZayaMatrix.interleaved_rows) */
         int8_t *p = malloc(n);
         memcpy(p, data, n);
-        for (int first = 0; first + R <= rows; first += R)   /* the 64-byte chunks of the group's rows alternate */
+        for (int first = 0; first + RI <= rows; first += RI)   /* the 64-byte chunks of the group's rows alternate */
             for (int c = 0; c < cols; c += 64)
-                for (int r = 0; r < R; r++)
-                    memcpy(p + (size_t)first * cols + (size_t)c * R + 64 * r, (int8_t *)data + (size_t)(first + r) * cols + c, 64);
+                for (int r = 0; r < RI; r++)
+                    memcpy(p + (size_t)first * cols + (size_t)c * RI + 64 * r, (int8_t *)data + (size_t)(first + r) * cols + c, 64);
         ZayaMatrix mp = m;
         mp.data = p;
-        mp.interleaved_rows = rows / R * R;
-        zaya_matvec(y2, &mp, x);
-        int same = memcmp(y, y2, (size_t)rows * sizeof(float)) == 0;
-        zaya_matvec_ref(y2, &mp, x);
-        same = same && memcmp(yr, y2, (size_t)rows * sizeof(float)) == 0;
-        printf("%s matvec %s: interleaved rows give the same bits (fast and reference)\n", same ? "PASS" : "FAIL", label);
-        failures += !same;
+        mp.interleaved_rows = rows / RI * RI;
+        matmul(pools[2], y2, rows, &mp, x, cols, 1);
+        same = !memcmp(y, y2, (size_t)rows * sizeof(float));
+        matmul_ref(y2, rows, &mp, x, cols, 1);
+        same = same && !memcmp(yr, y2, (size_t)rows * sizeof(float));
+        check(same, "interleaved rows give the same bits (fast and reference)", label);
         free(p);
     }
     if (data != wf) free(data);
     free(wf); free(x); free(y); free(y2); free(yr); free(scales);
 }
 
-int main(void) {
-    /* row lengths: whole int8 blocks of 8 groups, blocks plus a tail, only a tail, tiny */
-    const int shapes[][2] = {{300, 2048}, {33, 320}, {17, 96}, {64, 80}, {9, 384}, {5, 8}, {7, 512}, {10, 192}};
-    for (int s = 0; s < 8; s++) {
-        run_case(ZAYA_F32, shapes[s][0], shapes[s][1], 0);
-        run_case(ZAYA_BF16, shapes[s][0], shapes[s][1], 0);
-        for (int g = 32; g >= 8; g /= 2)
-            if (shapes[s][1] % g == 0) { run_case(ZAYA_Q8, shapes[s][0], shapes[s][1], g); break; }
-        if (shapes[s][1] % 16 == 0) run_case(ZAYA_Q8, shapes[s][0], shapes[s][1], 16);
+/* attention of the query at `pos` over a cache of cache_len slots (a ring when smaller than pos+1) */
+static void attention_case(int nq, int nkv, int d, int cache_len, int first, int pos) {
+    KvCache kv = {malloc(sizeof(float) * nkv * cache_len * d), malloc(sizeof(float) * nkv * cache_len * d), cache_len, nkv, d};
+    for (int i = 0; i < nkv * cache_len * d; i++) kv.keys[i] = frand(), kv.values[i] = frand();
+    const int n_keys = pos - first + 1;
+    float *q = malloc(sizeof(float) * nq * d), *out = malloc(sizeof(float) * nq * d), *ref = malloc(sizeof(float) * nq * d);
+    float *out2 = malloc(sizeof(float) * nq * d), *p = malloc(sizeof(float) * nq * n_keys), *pr = malloc(sizeof(float) * nq * n_keys);
+    for (int i = 0; i < nq * d; i++) q[i] = frand() * 3.0f;
+    char label[128], what[160];
+    snprintf(label, sizeof label, "attention %d/%d heads of %d, keys %d..%d, cache %d", nq, nkv, d, first, pos, cache_len);
+    attention_ref(ref, pr, q, nq, &kv, first, pos);
+    attention(pools[1], out, p, q, nq, &kv, first, pos);
+    const double rel = rel_l2(out, ref, (size_t)nq * d), relp = rel_l2(p, pr, (size_t)nq * n_keys);
+    snprintf(what, sizeof what, "fast vs reference rel L2 %.2e, probabilities %.2e (<= 1e-5)", rel, relp);
+    check(rel <= 1e-5 && relp <= 1e-5, what, label);
+    int same = 1;
+    for (int threads = 2; threads <= 3; threads++) {
+        attention(pools[threads], out2, pr, q, nq, &kv, first, pos);
+        same = same && !memcmp(out, out2, sizeof(float) * nq * d) && !memcmp(p, pr, sizeof(float) * nq * n_keys);
     }
+    check(same, "the same bits for 1-3 threads", label);
+    free(kv.keys); free(kv.values); free(q); free(out); free(ref); free(out2); free(p); free(pr);
+}
+
+int main(void) {
+    for (int t = 1; t <= 3; t++)
+        if (!(pools[t] = kernels_new(t, 4096, TOKENS))) { printf("FAIL kernels_new(%d threads): cannot start\n", t); return 1; }
+    /* row lengths: whole int8 blocks of 8 groups, blocks plus a tail, only a tail, tiny */
+    const int shapes[][2] = {{300, 2048}, {33, 320}, {17, 96}, {64, 80}, {9, 384}, {5, 8}, {7, 512}, {10, 192}, {1000, 64}};
+    for (int s = 0; s < 9; s++) {
+        matmul_case(ZAYA_F32, shapes[s][0], shapes[s][1], 0);
+        matmul_case(ZAYA_BF16, shapes[s][0], shapes[s][1], 0);
+        for (int g = 32; g >= 8; g /= 2)
+            if (shapes[s][1] % g == 0) { matmul_case(ZAYA_Q8, shapes[s][0], shapes[s][1], g); break; }
+        if (shapes[s][1] % 16 == 0) matmul_case(ZAYA_Q8, shapes[s][0], shapes[s][1], 16);
+    }
+    attention_case(8, 2, 128, 300, 0, 200);    /* ZAYA1-8B's heads, a full cache */
+    attention_case(8, 2, 128, 64, 137, 200);   /* a sliding window of 64: a ring that wraps */
+    attention_case(6, 3, 16, 5, 8, 12);        /* odd KV heads, window 5 */
+    attention_case(4, 1, 8, 40, 0, 0);         /* one key */
+    attention_case(16, 2, 128, 1000, 0, 999);  /* 74B's heads */
+    for (int t = 1; t <= 3; t++) kernels_free(pools[t]);
     return failures ? 1 : 0;
 }

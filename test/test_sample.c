@@ -2,8 +2,8 @@
  *
  *   make build/test_sample && build/test_sample
  *
- * zaya.c's sample() sorts the top-p candidates with a radix sort (sort_prob_desc). This test includes
- * zaya.c whole (its main renamed) to reach those static functions, and checks:
+ * main.c's sample() sorts the top-p candidates with a radix sort (sort_prob_desc). This test includes
+ * main.c whole (its main renamed) to reach those static functions, and checks:
  *   - sort_prob_desc gives exactly the order of qsort with "probability descending, then id
  *     ascending", on arrays with many equal probabilities, for sizes 0, 1 and up;
  *   - sample() picks the same id as the qsort version (kept below as the reference) for random
@@ -11,7 +11,7 @@
  * Prints PASS/FAIL lines.
  */
 #define main zaya_cli_main
-#include "../zaya.c"
+#include "../main.c"
 #undef main
 
 static int failures = 0;

@@ -7,8 +7,11 @@
   - every step of architecture.md section 3 (3.1 .. 3.16, read from ../shared/docs/architecture.md when
     it is there) and section 4 (decoding state) has a section `## 3.N` / `## 4.` with at least one
     generated block;
-  - every C function the page names as `name()` exists in zaya.c or trace.c.
+  - every function any document of the repository names as `name()` is defined in its C or Python
+    sources (or is a Python builtin).
 """
+import builtins
+import glob
 import os
 import re
 import sys
@@ -63,14 +66,25 @@ def main():
     check(not missing, f"every step of architecture.md §3 ({steps[0]}..{steps[-1]}) and §4 has a section", f"missing: {missing}")
     check(not empty, "every such section shows numbers (a generated block)", f"without a block: {empty}")
 
-    # the C functions it names exist
-    src = ""
-    for name in ("zaya.c", "trace.c"):
-        with open(os.path.join(ROOT, name), encoding="utf-8") as f:
-            src += f.read()
-    named = sorted(set(re.findall(r"`([a-z_][a-z0-9_]*)\(\)`", doc)))
-    gone = [n for n in named if not re.search(r"\b" + n + r"\(", src)]
-    check(named and not gone, f"the {len(named)} C functions the page names exist in zaya.c / trace.c", f"not found: {gone}")
+    # every function any document names as `name()` is defined in the repository: README.md,
+    # bench/*.md, docs/*.md, test/**/*.md
+    docs = [os.path.join(ROOT, "README.md"), *glob.glob(os.path.join(ROOT, "bench", "*.md")),
+            *glob.glob(os.path.join(ROOT, "docs", "*.md")), *glob.glob(os.path.join(ROOT, "test", "**", "*.md"), recursive=True)]
+    sources = ""
+    for pattern in ("*.c", "*.h", "*.py", "bench/*.c", "bench/*.h", "bench/*.py", "test/*.c", "test/*.py", "test/fuzz/*.c",
+                    "test/fuzz/*.py", "docs/*.py"):
+        for name in glob.glob(os.path.join(ROOT, pattern)):
+            with open(name, encoding="utf-8", errors="replace") as f:
+                sources += f.read() + "\n"
+    defined = set(re.findall(r"^(?:[A-Za-z_][\w \t\*]*?[ \t\*])?([a-z_][a-z0-9_]*)\([^;]*?\)\s*\{", sources, re.M))
+    defined |= set(re.findall(r"^\s*def ([a-z_][a-z0-9_]*)\(", sources, re.M))
+    defined |= set(re.findall(r"^#define ([A-Za-z_][A-Za-z0-9_]*)\(", sources, re.M)) | set(dir(builtins))
+    for path in sorted(docs):
+        with open(path, encoding="utf-8") as f:
+            named = sorted(set(re.findall(r"`([a-z_][a-z0-9_]*)\(\)`", f.read())))
+        gone = [n for n in named if n not in defined]
+        check(not gone, f"{os.path.relpath(path, ROOT)}: the {len(named)} functions it names as `name()` are defined",
+              f"not defined anywhere: {gone}")
     finish()
 
 

@@ -8,8 +8,8 @@
  * a context overflow, and its tokenizer section (if any) encodes and decodes a short text.
  *
  * Build with clang (libFuzzer), from the repo root:
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 -DZAYA_NO_MAIN -I. \
- *       test/fuzz/fuzz_blob.c zaya.c tokenizer.c -lm -o build/fuzz_blob
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 -I. \
+ *       test/fuzz/fuzz_blob.c zaya.c kernels.c tokenizer.c trace.c -pthread -lm -o build/fuzz_blob
  * Without clang, test/fuzz/replay.c runs the same entry point over files (see test/fuzz/README.md).
  */
 #define _GNU_SOURCE
@@ -55,15 +55,20 @@ static void run_model(const ZayaModel *m) {
     char err[512];
     ZayaState s;
     int ctx = m->config.max_position < 6 ? m->config.max_position : 6;
-    if (zaya_state_init(&s, m, ctx, err, sizeof err) != 0) return;
+    if (zaya_state_init(&s, m, ctx, 1, err, sizeof err) != 0) return;
     int prompt[3] = {m->config.bos_id, 0, m->config.vocab_size - 1};
     int n = ctx < 3 ? ctx : 3;
-    if (zaya_prefill(m, &s, prompt, n, err, sizeof err) == 0) {
-        for (int i = 0; i < 2 && zaya_forward(m, &s, (i * 7) % m->config.vocab_size, err, sizeof err) == 0; i++) {}
-        while (zaya_forward(m, &s, 0, err, sizeof err) == 0) {}   /* up to the full context: must refuse, not overflow */
+    if (zaya_forward(m, &s, prompt, n, err, sizeof err) == 0) {
+        for (int i = 0; i < 2; i++) {
+            const int id = (i * 7) % m->config.vocab_size;
+            if (zaya_forward(m, &s, &id, 1, err, sizeof err) != 0) break;
+        }
+        const int zero = 0;
+        while (zaya_forward(m, &s, &zero, 1, err, sizeof err) == 0) {}   /* up to the full context: must refuse, not overflow */
     }
-    zaya_forward(m, &s, -1, err, sizeof err);                      /* bad ids are refused */
-    zaya_forward(m, &s, m->config.vocab_size, err, sizeof err);
+    const int bad[2] = {-1, m->config.vocab_size};                /* bad ids are refused */
+    zaya_forward(m, &s, &bad[0], 1, err, sizeof err);
+    zaya_forward(m, &s, &bad[1], 1, err, sizeof err);
     zaya_state_free(&s);
     if (m->tokenizer) {
         static const char text[] = "Hello, world! \xe2\x96\x81 <bos> \xff\xfe 123";

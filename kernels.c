@@ -1,0 +1,773 @@
+/* kernels.c - the fast path of zaya.c: matrix products, attention, the thread pool, huge pages.
+ *
+ * The model (zaya.c) calls matmul(), attention() and a few helpers; how they run is decided here.
+ * Every fast kernel has a plain-loop twin (matmul_ref, attention_ref) that test/test_kernels.c
+ * compares it with. The fast kernels compute each output with the same operations in the same order
+ * whatever the thread count, the number of tokens per call or the SIMD width (AVX-512 or portable C),
+ * so the model's results never depend on them.
+ *
+ *   1. memory and weight access (bf16, int8 groups in the blob's order)
+ *   2. activations quantized to int16 for int8 weights
+ *   3. dot products: AVX-512 / AVX512-VNNI bodies beside their portable C twins
+ *   4. the thread pool
+ *   5. matmul
+ *   6. attention
+ *   7. huge pages and the int8 row layout
+ */
+#define _GNU_SOURCE   /* sched_getaffinity, madvise(MADV_HUGEPAGE) */
+#include "kernels.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * 1. Memory and weight access
+ * ------------------------------------------------------------------------------------------- */
+
+/* Zeroed memory aligned to a cache line, so that a 64-byte load of activations never straddles two
+ * lines (bench/README.md). Freed with free(). */
+void *calloc_lines(size_t n, size_t size) {
+    if (size && n > (SIZE_MAX - 63) / size) return NULL;
+    const size_t bytes = n * size > 0 ? (n * size + 63) / 64 * 64 : 64;
+    void *p = aligned_alloc(64, bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+static inline float bf16_to_f32(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;   /* exact: bf16 is the top half of an fp32 */
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+ZayaMatrix matrix_rows(const ZayaMatrix *m, int row0, int nrows) {
+    ZayaMatrix r = *m;
+    size_t start = (size_t)row0 * (size_t)m->cols;
+    r.rows = nrows;
+    if (m->dtype == ZAYA_F32) r.data = (const float *)m->data + start;
+    else if (m->dtype == ZAYA_BF16) r.data = (const uint16_t *)m->data + start;
+    else {   /* row0 is a multiple of ZAYA_Q8_INTERLEAVE where rows are interleaved (kernels_arrange_rows) */
+        r.data = (const int8_t *)m->data + start;
+        r.scales = m->scales + start / (size_t)m->group_size;
+        const int il = m->interleaved_rows - row0;
+        r.interleaved_rows = il < 0 ? 0 : il < nrows ? il : nrows;
+    }
+    return r;
+}
+
+/* Where int8 row `row` starts, and *pitch, the distance between its 64-byte chunks: 64 for a row
+ * stored alone, 64 * ZAYA_Q8_INTERLEAVE for an interleaved row (the other rows' chunks between). */
+static const int8_t *q8_row(const ZayaMatrix *m, int row, int *pitch) {
+    const int8_t *d = m->data;
+    const int RI = ZAYA_Q8_INTERLEAVE, first = row / RI * RI;   /* the group's first row */
+    *pitch = row < m->interleaved_rows ? 64 * RI : 64;
+    return row < m->interleaved_rows ? d + (size_t)first * (size_t)m->cols + (row - first) * 64 : d + (size_t)row * (size_t)m->cols;
+}
+
+/* The weight at storage position q of a row whose 64-byte chunks are pitch apart (the test of pitch
+ * is loop-invariant: the compiler keeps a plain, vectorized loop for rows alone). */
+static inline int8_t q8_at(const int8_t *w, size_t q, int pitch) {
+    return pitch == 64 ? w[q] : w[q / 64 * (size_t)pitch + q % 64];
+}
+
+size_t zaya_q8_position(int i, int cols, int group) {
+    const int block = 8 * group;
+    if (group % 2 || i >= cols / block * block) return (size_t)i;   /* odd groups and the tail: unpermuted */
+    const int b = i / block, k = (i % block) / group, j = i % group;
+    return (size_t)b * block + (size_t)(j / 2) * 16 + 2 * k + j % 2;
+}
+
+/* Weight [row][i] widened to float32 (int8: dequantized from its stored position). */
+static float matrix_at(const ZayaMatrix *m, int row, int i) {
+    size_t start = (size_t)row * (size_t)m->cols;
+    if (m->dtype == ZAYA_F32) return ((const float *)m->data)[start + i];
+    if (m->dtype == ZAYA_BF16) return bf16_to_f32(((const uint16_t *)m->data)[start + i]);
+    int pitch;
+    const int8_t *w = q8_row(m, row, &pitch);
+    return q8_at(w, zaya_q8_position(i, m->cols, m->group_size), pitch) * m->scales[(start + i) / (size_t)m->group_size];
+}
+
+void matrix_row(const ZayaMatrix *m, int row, float *out) {
+    for (int i = 0; i < m->cols; i++) out[i] = matrix_at(m, row, i);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 2. Activations for int8 weights
+ *
+ * Activations meet int8 weights as int16 in the weights' groups: xs[g] = max|x| / 32767 over the
+ * group, xq = round(x / xs), stored in the weights' interleaved order (zaya_q8_position). Their
+ * rounding error (~1e-5 relative) is far below the weights' int8 error, while the dot product is
+ * exact integer work.
+ * ------------------------------------------------------------------------------------------- */
+
+
+/* The scale of one group: *xs = max|x| / 32767 and *inv = 32767 / max|x| (both 0 for a group of
+ * zeros). Returns 0 if the group holds NaN or inf (only from a corrupt blob): then *xs = NaN and its
+ * values are stored as 0, so the group's sums are NaN. */
+static int q16_scale(const float *xg, int group, float *xs, float *inv) {
+    uint32_t amax_bits = 0;            /* max |x| as bits: orders like the floats, and NaN > inf > finite */
+    for (int i = 0; i < group; i++) {
+        uint32_t b;
+        memcpy(&b, xg + i, 4);
+        b &= 0x7fffffffu;
+        amax_bits = b > amax_bits ? b : amax_bits;
+    }
+    float amax;
+    memcpy(&amax, &amax_bits, 4);
+    *inv = 0.0f;
+    if (amax_bits >= 0x7f800000u) { *xs = NAN; return 0; }
+    if (amax < 1e-30f) *xs = 0.0f;     /* counts as zero (and 32767 / amax could overflow) */
+    else { *xs = amax / 32767.0f; *inv = 32767.0f / amax; }
+    return 1;
+}
+
+/* Rounds half away from zero (|v| <= 32767 here). copysignf, not a test of the sign: gcc made that a
+ * branch, which the random signs of activations mispredict (2.2 -> 0.5-1 us per 512 values). */
+static int16_t q16_round(float v) { return (int16_t)(v + copysignf(0.5f, v)); }
+
+/* Group g of the n values x[0..n). In a block of 8 groups, values 2j and 2j+1 of group k are stored
+ * together at 16 * j + 2 * k (zaya_q8_position): one 32-bit store per pair. */
+static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int group, int g) {
+    const int block = 8 * group, nb = group % 2 ? 0 : n / block;   /* as in zaya_q8_position */
+    const float *xg = x + (size_t)g * group;
+    float inv;
+    const int finite = q16_scale(xg, group, &xs[g], &inv);
+    if (g < nb * 8) {
+        int16_t *dst = xq + (size_t)(g / 8) * block + 2 * (g % 8);
+        for (int j = 0; j < group / 2; j++) {
+            const float v0 = xg[2 * j] * inv, v1 = xg[2 * j + 1] * inv;
+            const uint32_t pair = (uint16_t)q16_round(finite ? v0 : 0.0f) | (uint32_t)(uint16_t)q16_round(finite ? v1 : 0.0f) << 16;
+            memcpy(dst + 16 * j, &pair, sizeof pair);   /* little-endian, like the blob: v0 first */
+        }
+    } else {                                         /* past the last whole block: unpermuted */
+        for (int i = 0; i < group; i++) xq[(size_t)g * group + i] = q16_round(finite ? xg[i] * inv : 0.0f);
+    }
+}
+
+
+/* ---------------------------------------------------------------------------------------------
+ * 3. Dot products
+ * ------------------------------------------------------------------------------------------- */
+
+/* The fast dot products. Each is written twice: plain C that any compiler builds, and AVX-512 /
+ * AVX512-VNNI intrinsics. The two compute exactly the same operations in the same order (16
+ * float lanes with fused multiply-adds, or exact integer sums), so they give bit-identical
+ * results; test/test_kernels.c checks that, and how far both are from matmul_ref. */
+#define LANES 16
+
+static float sum_lanes(const float *acc) {   /* fixed pairwise order: results never depend on the machine */
+    float s8[8], s4[4];
+    for (int l = 0; l < 8; l++) s8[l] = acc[l] + acc[l + 8];
+    for (int l = 0; l < 4; l++) s4[l] = s8[l] + s8[l + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+#ifdef __AVX512F__
+/* sum_lanes of lanes 0..7 given as s8 (lanes 8..15 already added), in registers: the same additions
+ * in the same order as sum_lanes, without storing the accumulators and reloading them one by one */
+static inline float sum_lanes_s8(__m256 s8) {
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));   /* s4[0] + s4[2], s4[1] + s4[3] */
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+static inline float sum_lanes_512(__m512 a) {
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    return sum_lanes_s8(_mm256_add_ps(_mm512_castps512_ps256(a), hi));
+}
+#endif
+
+/* float32 or bf16 weights x float32 activations for nt <= DOT_TOKENS tokens at once: per token two
+ * chains of 16 lanes of fused multiply-adds (blocks of 16 values alternate between them, so a single
+ * token is not held up by the FMA latency), the chains added lane by lane, then sum_lanes. Token t's
+ * result is the same operations in the same order whatever nt is; several tokens only share each
+ * weight load. */
+#define DOT_TOKENS 8
+static inline __attribute__((always_inline)) void
+dot_float_n(float *out, const int nt, const void *wv, const int bf16, const float *x, size_t x_stride, int n) {
+    const float *wf = wv;
+    const uint16_t *wb = wv;
+    float acc[DOT_TOKENS][LANES];
+    int i = 0;
+#ifdef __AVX512F__
+#define W512(i) (bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wb + (i)))), 16)) \
+                      : _mm512_loadu_ps(wf + (i)))
+    __m512 a[DOT_TOKENS], b[DOT_TOKENS];
+    for (int t = 0; t < nt; t++) a[t] = b[t] = _mm512_setzero_ps();
+    for (; i + 2 * LANES <= n; i += 2 * LANES) {
+        const __m512 w0 = W512(i), w1 = W512(i + LANES);
+        for (int t = 0; t < nt; t++) {
+            a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * x_stride + i), a[t]);
+            b[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + t * x_stride + i + LANES), b[t]);
+        }
+    }
+    if (i + LANES <= n) {             /* an odd last block: the first chain's */
+        const __m512 w0 = W512(i);
+        for (int t = 0; t < nt; t++) a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * x_stride + i), a[t]);
+        i += LANES;
+    }
+#undef W512
+    for (int t = 0; t < nt; t++) a[t] = _mm512_add_ps(a[t], b[t]);
+    if (i == n) {                    /* no tail: the lane sums in registers */
+        for (int t = 0; t < nt; t++) out[t] = sum_lanes_512(a[t]);
+        return;
+    }
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(acc[t], a[t]);
+#else
+    float acc2[DOT_TOKENS][LANES];
+    for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]), memset(acc2[t], 0, sizeof acc2[t]);
+    for (int k = 0; i + LANES <= n; i += LANES, k++) {
+        float (*chain)[LANES] = k % 2 ? acc2 : acc;   /* block k's chain */
+        for (int t = 0; t < nt; t++)
+            for (int l = 0; l < LANES; l++)
+                chain[t][l] = fmaf(bf16 ? bf16_to_f32(wb[i + l]) : wf[i + l], x[t * x_stride + i + l], chain[t][l]);
+    }
+    for (int t = 0; t < nt; t++)
+        for (int l = 0; l < LANES; l++) acc[t][l] += acc2[t][l];
+#endif
+    for (int t = 0; t < nt; t++) {
+        for (int j = i, l = 0; j < n; j++, l++) acc[t][l] = fmaf(bf16 ? bf16_to_f32(wb[j]) : wf[j], x[t * x_stride + j], acc[t][l]);
+        out[t] = sum_lanes(acc[t]);
+    }
+}
+
+float dot(const float *w, const float *x, int n) {
+    float r;
+    dot_float_n(&r, 1, w, 0, x, 0, n);
+    return r;
+}
+
+/* The int8 kernels' SIMD form: AVX-512 with VNNI (vpdpwssd) and VL. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define Q8_VNNI 1
+#else
+#define Q8_VNNI 0
+#endif
+
+/* Whether rows of n int8 values in groups of `group` are whole blocks of 8 groups with a group size
+ * the SIMD steps of 64 values divide: then every 64-byte chunk of a row is whole. */
+static int q8_whole_blocks(int n, int group) { return group % 8 == 0 && n > 0 && n % (8 * group) == 0; }
+
+#if Q8_VNNI
+/* acc += the 8 group sums of one block times weight scale times activation scale: int32 lanes k and
+ * k+8 of s0 + s1 belong to group k. */
+static inline __m256 q8_block_acc(__m256 acc, __m512i s0, __m512i s1, __m256 wscale, const float *xs) {
+    const __m512i s2 = _mm512_add_epi32(s0, s1);
+    const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s2), _mm512_extracti64x4_epi64(s2, 1));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(wscale, _mm256_loadu_ps(xs)), acc);
+}
+#endif
+
+/* int8 weights x int16 activations for nt <= DOT_TOKENS tokens at once (prefill shares each weight load).
+ * Both are in the interleaved order: in a block of 8 groups, position p belongs to group p/2 % 8,
+ * so 16-bit lanes pair up into 8 int32 lanes, one per group, and no horizontal sums are needed.
+ * Per group an exact integer sum, then acc[g % 8] += isum * (weight scale * activation scale). */
+static inline __attribute__((always_inline)) void
+dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, const int16_t *xq, size_t xq_stride,
+         const float *xs, size_t xs_stride, int n, int group) {
+    float acc[DOT_TOKENS][LANES];
+    for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]);
+    const int block = 8 * group, nb = group % 2 ? 0 : n / block;
+    int b = 0;
+#if Q8_VNNI
+    __m256 a[DOT_TOKENS];
+    for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_ps();
+    if (group % 8 == 0)   /* 64 values per iteration: two 512-bit steps, two chains per token */
+        for (; b < nb; b++) {
+            __m512i isum0[DOT_TOKENS], isum1[DOT_TOKENS];
+            for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = _mm512_setzero_si512();
+            const int8_t *wb = w + (size_t)b * block / 64 * pitch;   /* the row's chunks are pitch bytes apart */
+#pragma GCC unroll 8   /* a block of the default group size 64 in one pass (bench/README.md) */
+            for (int s = 0; s < block; s += 64) {
+                __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s / 64 * pitch)));
+                __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s / 64 * pitch + 32)));
+                for (int t = 0; t < nt; t++) {
+                    const int16_t *xb = xq + t * xq_stride + (size_t)b * block + s;
+                    isum0[t] = _mm512_dpwssd_epi32(isum0[t], w0, _mm512_loadu_si512(xb));
+                    isum1[t] = _mm512_dpwssd_epi32(isum1[t], w1, _mm512_loadu_si512(xb + 32));
+                }
+            }
+            __m256 wscale = _mm256_loadu_ps(ws + (size_t)b * 8);
+            for (int t = 0; t < nt; t++) a[t] = q8_block_acc(a[t], isum0[t], isum1[t], wscale, xs + t * xs_stride + (size_t)b * 8);
+        }
+    if (b == nb && nb * 8 == n / group) {   /* no tail: the lane sums in registers (lanes 8..15 are 0) */
+        for (int t = 0; t < nt; t++) out[t] = sum_lanes_s8(_mm256_add_ps(a[t], _mm256_setzero_ps()));
+        return;
+    }
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(acc[t], a[t]);
+#endif
+    for (int t = 0; t < nt; t++) {
+        const int16_t *x = xq + t * xq_stride;
+        const float *xst = xs + t * xs_stride;
+        for (int bb = b; bb < nb; bb++) {                       /* interleaved blocks of 8 groups */
+            int32_t isum[8] = {0};
+            for (int p = 0; p < block; p++) isum[(p >> 1) & 7] += (int32_t)q8_at(w, (size_t)bb * block + p, pitch) * x[(size_t)bb * block + p];
+            for (int k = 0; k < 8; k++) acc[t][k] = fmaf((float)isum[k], ws[bb * 8 + k] * xst[bb * 8 + k], acc[t][k]);
+        }
+        for (int g = nb * 8; g < n / group; g++) {              /* the remaining groups, unpermuted */
+            int32_t isum = 0;
+            for (int i = 0; i < group; i++) isum += (int32_t)q8_at(w, (size_t)g * group + i, pitch) * x[(size_t)g * group + i];
+            acc[t][g % 8] = fmaf((float)isum, ws[g] * xst[g], acc[t][g % 8]);
+        }
+        out[t] = sum_lanes(acc[t]);
+    }
+}
+
+/* The ZAYA_Q8_INTERLEAVE rows of an interleaved group (ZayaMatrix.interleaved_rows; row r's chunks at
+ * w + 64 r, 64 RI apart) against one token: decode reads the group as one weight stream, and each
+ * activation load serves all its rows (the kernel is bound by its loads: two 64-byte loads of
+ * activations for two 32-byte loads of weights). ws: the first row's scales, the next rows' follow
+ * n / group apart. Per row the same operations in the same order as dot_q8_n with nt = 1, so the
+ * same results. */
+_Static_assert(ZAYA_Q8_INTERLEAVE <= DOT_TOKENS, "matmul_rows takes a group's results in r[DOT_TOKENS]");
+static void dot_q8_interleaved(float *out, const int8_t *w, const float *ws, const int16_t *xq, const float *xs,
+                               int n, int group) {
+    enum { RI = ZAYA_Q8_INTERLEAVE };
+#if Q8_VNNI
+    if (q8_whole_blocks(n, group)) {   /* what interleave_q8_rows requires; else the general path below */
+        const int block = 8 * group, nb = n / block;
+        __m256 a[RI];
+        for (int r = 0; r < RI; r++) a[r] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+            __m512i s0[RI], s1[RI];   /* per row, two chains */
+            for (int r = 0; r < RI; r++) s0[r] = s1[r] = _mm512_setzero_si512();
+            const int8_t *wb = w + (size_t)b * block * RI;
+            const int16_t *xb = xq + (size_t)b * block;
+#pragma GCC unroll 8
+            for (int s = 0; s < block; s += 64) {
+                const __m512i x0 = _mm512_loadu_si512(xb + s), x1 = _mm512_loadu_si512(xb + s + 32);
+                for (int r = 0; r < RI; r++) {
+                    const int8_t *c = wb + (size_t)s * RI + 64 * r;   /* row r's chunk */
+                    s0[r] = _mm512_dpwssd_epi32(s0[r], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)c)), x0);
+                    s1[r] = _mm512_dpwssd_epi32(s1[r], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(c + 32))), x1);
+                }
+            }
+            for (int r = 0; r < RI; r++)
+                a[r] = q8_block_acc(a[r], s0[r], s1[r], _mm256_loadu_ps(ws + (size_t)r * (n / group) + (size_t)b * 8), xs + (size_t)b * 8);
+        }
+        for (int r = 0; r < RI; r++) out[r] = sum_lanes_s8(_mm256_add_ps(a[r], _mm256_setzero_ps()));
+        return;
+    }
+#endif
+    for (int r = 0; r < RI; r++) dot_q8_n(out + r, 1, w + 64 * r, 64 * RI, ws + (size_t)r * (n / group), xq, 0, xs, 0, n, group);
+}
+
+/* dot_q8_n and dot_float_n with the token count fixed at compile time, so the accumulators live in
+ * registers */
+static void dot_q8(float *out, int nt, const int8_t *w, int pitch, const float *ws, const int16_t *xq, size_t xq_stride,
+                   const float *xs, size_t xs_stride, int n, int group) {
+#define CASE(k) case k: dot_q8_n(out, k, w, pitch, ws, xq, xq_stride, xs, xs_stride, n, group); break;
+    switch (nt) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8) }
+#undef CASE
+}
+
+static void dot_float(float *out, int nt, const void *w, int bf16, const float *x, size_t x_stride, int n) {
+#define CASE(k) case k: dot_float_n(out, k, w, bf16, x, x_stride, n); break;
+    switch (nt) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8) }
+#undef CASE
+}
+
+/* Output rows [o0, o1) for n tokens: tokens DOT_TOKENS at a time against every row of the range, so
+ * one group of tokens' activations stays in the L1 cache while it meets the rows. */
+static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n,
+                        const int16_t *xq, const float *xqs, int o0, int o1) {
+    const int cols = w->cols, G = w->group_size;
+    for (int t = 0; t < n; t += DOT_TOKENS) {
+        const int nt = n - t < DOT_TOKENS ? n - t : DOT_TOKENS;
+        float r[DOT_TOKENS];
+        for (int o = o0; o < o1; o++) {
+            const size_t row = (size_t)o * (size_t)cols;
+            if (w->dtype == ZAYA_Q8) {
+                int pitch;
+                const int8_t *wr = q8_row(w, o, &pitch);
+                const int RI = ZAYA_Q8_INTERLEAVE;
+                if (nt == 1 && o % RI == 0 && o + RI <= o1 && o + RI <= w->interleaved_rows) {   /* decode: a group at once */
+                    dot_q8_interleaved(r, wr, w->scales + row / (size_t)G, xq + (size_t)t * cols, xqs + (size_t)t * (cols / G), cols, G);
+                    for (int k = 0; k < RI; k++) y[(size_t)t * ys + o + k] = r[k];
+                    o += RI - 1;
+                    continue;
+                }
+                dot_q8(r, nt, wr, pitch, w->scales + row / (size_t)G, xq + (size_t)t * cols, (size_t)cols,
+                       xqs + (size_t)t * (cols / G), (size_t)(cols / G), cols, G);
+            } else if (w->dtype == ZAYA_BF16) dot_float(r, nt, (const uint16_t *)w->data + row, 1, x + (size_t)t * xs, (size_t)xs, cols);
+            else dot_float(r, nt, (const float *)w->data + row, 0, x + (size_t)t * xs, (size_t)xs, cols);
+            for (int k = 0; k < nt; k++) y[(size_t)(t + k) * ys + o] = r[k];
+        }
+    }
+}
+
+
+/* ---------------------------------------------------------------------------------------------
+ * 4. The thread pool
+ *
+ * A job is `chunks` independent pieces of work. The calling thread publishes it, then takes pieces
+ * itself, one at a time, like every worker that is running; it waits only for pieces that another
+ * thread has already taken. A worker the OS has descheduled (another program wants the core) takes
+ * nothing and holds nobody up, so threads never make a job slower than the caller alone would be,
+ * apart from a piece taken just before its thread was descheduled. Workers spin for a while
+ * between jobs (the next one usually comes within microseconds), then sleep.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef void (*PieceFn)(void *ctx, int piece);
+
+#define MAX_PIECES 0xffff
+#define WORKER_SPINS 20000   /* polls of a worker before it sleeps (tens of microseconds) */
+#define CALLER_SPINS 2000    /* polls of the caller between sched_yield() calls while it waits */
+
+typedef struct {
+    int threads;                   /* including the caller */
+    pthread_t *workers;            /* threads - 1 */
+    _Atomic uint64_t claim;        /* job << 32 | next piece << 16 | pieces */
+    _Atomic uint32_t done;         /* pieces finished of the current job */
+    PieceFn fn;                    /* the current job (written before claim publishes it) */
+    void *ctx;
+    uint32_t job;                  /* the caller's job counter */
+    _Atomic int sleepers, stop;
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;
+} Pool;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Takes and runs pieces of job `job` until none is left (or a newer job has replaced it). */
+static void run_pieces(Pool *p, uint32_t job) {
+    uint64_t c = atomic_load(&p->claim);
+    while ((uint32_t)(c >> 32) == job && ((c >> 16) & 0xffff) < (c & 0xffff)) {
+        if (!atomic_compare_exchange_weak(&p->claim, &c, c + (1u << 16))) continue;   /* c reloaded */
+        p->fn(p->ctx, (int)((c >> 16) & 0xffff));   /* safe: the job cannot end before this piece is done */
+        atomic_fetch_add(&p->done, 1);
+        c = atomic_load(&p->claim);
+    }
+}
+
+static uint32_t current_job(Pool *p) { return (uint32_t)(atomic_load(&p->claim) >> 32); }
+
+static void *worker_main(void *arg) {
+    Pool *p = arg;
+    uint32_t seen = 0;
+    for (;;) {
+        for (int spins = 0; current_job(p) == seen && !atomic_load(&p->stop);) {
+            if (++spins < WORKER_SPINS) { cpu_relax(); continue; }
+            pthread_mutex_lock(&p->mutex);   /* sleep until the caller publishes a job */
+            atomic_fetch_add(&p->sleepers, 1);
+            while (current_job(p) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->mutex);
+            atomic_fetch_sub(&p->sleepers, 1);
+            pthread_mutex_unlock(&p->mutex);
+            spins = 0;
+        }
+        if (atomic_load(&p->stop)) return NULL;
+        seen = current_job(p);
+        run_pieces(p, seen);
+    }
+}
+
+/* Runs fn(ctx, piece) for piece = 0 .. pieces-1 on the pool's threads; returns when all are done. */
+static void pool_run(Pool *p, PieceFn fn, void *ctx, int pieces) {
+    if (p->threads == 1 || pieces == 1) {
+        for (int i = 0; i < pieces; i++) fn(ctx, i);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store(&p->done, 0);
+    const uint32_t job = ++p->job;
+    atomic_store(&p->claim, (uint64_t)job << 32 | (uint32_t)pieces);
+    if (atomic_load(&p->sleepers)) {   /* a worker that checked before the store sleeps until woken */
+        pthread_mutex_lock(&p->mutex);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mutex);
+    }
+    run_pieces(p, job);
+    for (int spins = 0; atomic_load(&p->done) < (uint32_t)pieces;)
+        if (++spins % CALLER_SPINS) cpu_relax();
+        else sched_yield();            /* a piece's thread was descheduled: let it run */
+}
+
+static void pool_stop(Pool *p) {
+    pthread_mutex_lock(&p->mutex);
+    atomic_store(&p->stop, 1);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mutex);
+    for (int i = 0; i < p->threads - 1; i++) pthread_join(p->workers[i], NULL);
+    free(p->workers);
+    pthread_mutex_destroy(&p->mutex);
+    pthread_cond_destroy(&p->wake);
+}
+
+static int pool_start(Pool *p, int threads) {
+    memset(p, 0, sizeof *p);
+    p->threads = 1;
+    if (pthread_mutex_init(&p->mutex, NULL) || pthread_cond_init(&p->wake, NULL)) return -1;
+    if (threads > 1 && !(p->workers = calloc((size_t)threads - 1, sizeof(pthread_t)))) return -1;
+    for (int i = 0; i < threads - 1; i++, p->threads++)
+        if (pthread_create(&p->workers[i], NULL, worker_main, p) != 0) { pool_stop(p); return -1; }
+    return 0;
+}
+
+int zaya_default_threads(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+struct Kernels {
+    Pool pool;
+    int max_cols, max_tokens;
+    int16_t *xq;       /* activations quantized for int8 weights [max_tokens, max_cols] */
+    float *xq_scales;  /* their scales, one per group */
+};
+
+Kernels *kernels_new(int threads, int max_cols, int max_tokens) {
+    Kernels *k = calloc(1, sizeof *k);
+    if (!k) return NULL;
+    k->max_cols = max_cols;
+    k->max_tokens = max_tokens;
+    k->xq = calloc_lines((size_t)max_cols * max_tokens, sizeof(int16_t));
+    k->xq_scales = calloc_lines((size_t)max_cols * max_tokens, sizeof(float));
+    if (!k->xq || !k->xq_scales || pool_start(&k->pool, threads > 0 ? threads : zaya_default_threads()) != 0) {
+        free(k->xq);
+        free(k->xq_scales);
+        free(k);
+        return NULL;
+    }
+    return k;
+}
+
+void kernels_free(Kernels *k) {
+    if (!k) return;
+    pool_stop(&k->pool);
+    free(k->xq);
+    free(k->xq_scales);
+    free(k);
+}
+
+int kernels_threads(const Kernels *k) { return k->pool.threads; }
+
+/* ---------------------------------------------------------------------------------------------
+ * 5. matmul
+ * ------------------------------------------------------------------------------------------- */
+
+/* Multiply-adds below which a product runs on the calling thread alone: a job would cost more. */
+#define PARALLEL_MIN_WORK 65536
+/* Rows per tile: the tile's weights stay in L2 while all tokens of the call meet them, so a prompt
+ * reads the weights from memory once. A piece of a job is a run of whole tiles. */
+#define ROW_TILE 64
+/* Pieces per thread and job: a few, so that a thread that runs late finds some left to take. */
+#define PIECES_PER_THREAD 4
+
+typedef struct {
+    float *y;
+    int ys;
+    const ZayaMatrix *w;
+    const float *x;
+    int xs, n;
+    const int16_t *xq;
+    const float *xqs;
+    int rows_per_piece;
+} MatmulJob;
+
+static void matmul_piece(void *ctx, int piece) {
+    const MatmulJob *j = ctx;
+    const int o0 = piece * j->rows_per_piece, o1 = o0 + j->rows_per_piece < j->w->rows ? o0 + j->rows_per_piece : j->w->rows;
+    for (int o = o0; o < o1; o += ROW_TILE)
+        matmul_rows(j->y, j->ys, j->w, j->x, j->xs, j->n, j->xq, j->xqs, o, o + ROW_TILE < o1 ? o + ROW_TILE : o1);
+}
+
+typedef struct { const ZayaMatrix *w; const float *x; int xs; int16_t *xq; float *xqs; } QuantizeJob;
+
+static void quantize_piece(void *ctx, int t) {   /* token t's groups */
+    const QuantizeJob *j = ctx;
+    const int cols = j->w->cols, G = j->w->group_size;
+    for (int g = 0; g < cols / G; g++)
+        quantize_q16(j->xq + (size_t)t * cols, j->xqs + (size_t)t * (cols / G), j->x + (size_t)t * j->xs, cols, G, g);
+}
+
+void matmul(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n) {
+    const size_t work = (size_t)w->rows * (size_t)w->cols * (size_t)n;
+    const int threads = work >= PARALLEL_MIN_WORK ? k->pool.threads : 1;
+    if (w->dtype == ZAYA_Q8) {   /* the tokens' int16 form, several tokens at once in parallel */
+        QuantizeJob q = {w, x, xs, k->xq, k->xq_scales};
+        if ((size_t)n * w->cols >= PARALLEL_MIN_WORK / 8 && threads > 1) pool_run(&k->pool, quantize_piece, &q, n);
+        else for (int t = 0; t < n; t++) quantize_piece(&q, t);
+    }
+    /* pieces start at a multiple of ROW_TILE (and so of ZAYA_Q8_INTERLEAVE) */
+    const int tiles = (w->rows + ROW_TILE - 1) / ROW_TILE;
+    int pieces = threads == 1 ? 1 : threads * PIECES_PER_THREAD;
+    pieces = pieces < tiles ? pieces : tiles;
+    int per = (tiles + pieces - 1) / pieces;
+    if ((tiles + per - 1) / per > MAX_PIECES) per = (tiles + MAX_PIECES - 1) / MAX_PIECES;
+    MatmulJob j = {y, ys, w, x, xs, n, k->xq, k->xq_scales, per * ROW_TILE};
+    pool_run(&k->pool, matmul_piece, &j, (tiles + per - 1) / per);
+}
+
+/* The reference: y[o] = sum_i W[o][i] * x[i] in plain loops, float32 activations (int8 weights
+ * dequantized, the activations not quantized). */
+void matmul_ref(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n) {
+    for (int t = 0; t < n; t++)
+        for (int o = 0; o < w->rows; o++) {
+            float sum = 0.0f;
+            for (int i = 0; i < w->cols; i++) sum += matrix_at(w, o, i) * x[(size_t)t * xs + i];
+            y[(size_t)t * ys + o] = sum;
+        }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 6. Attention
+ * ------------------------------------------------------------------------------------------- */
+
+/* The rows of a KV head are short streams and the hardware prefetchers stop at every 4 KB page:
+ * attention asks for the row KV_AHEAD positions ahead (bench/README.md). Only a hint; never faults. */
+#define KV_AHEAD 8
+static void prefetch_row(const KvCache *kv, const float *cache, int h, int pos) {
+    const float *row = cache + kv_row(kv, h, pos);
+    for (int i = 0; i < kv->d; i += 16) __builtin_prefetch(row + i);   /* one 64-byte line each */
+}
+
+/* Scores q_n . k_t * d^-1/2 of query heads [n0, n1) (all of KV head h) for keys first..pos, into
+ * p[n * n_keys + t - first]: each key is loaded once for up to DOT_TOKENS heads. */
+static void attention_scores(const KvCache *kv, int h, const float *q, float *p, int n0, int n1, int first, int pos) {
+    const int d = kv->d, n_keys = pos - first + 1;
+    const float scale = 1.0f / sqrtf((float)d);    /* HF: scaling = head_dim ** -0.5 */
+    for (int t = first; t <= pos; t++) {
+        const float *key = kv->keys + kv_row(kv, h, t);
+        if (t + KV_AHEAD <= pos) prefetch_row(kv, kv->keys, h, t + KV_AHEAD);
+        for (int n = n0; n < n1; n += DOT_TOKENS) {
+            const int nr = n1 - n < DOT_TOKENS ? n1 - n : DOT_TOKENS;
+            float dots[DOT_TOKENS];
+            dot_float(dots, nr, key, 0, q + (size_t)n * d, (size_t)d, d);
+            for (int j = 0; j < nr; j++) p[(size_t)(n + j) * n_keys + (t - first)] = dots[j] * scale;
+        }
+    }
+}
+
+/* o_n = sum_t p_n[t] v_t for query heads [n0, n1) of KV head h, added in position order, four
+ * positions per pass over o where their slots are adjacent. */
+static void attention_values(const KvCache *kv, int h, const float *p, float *out, int n0, int n1, int first, int pos) {
+    const int d = kv->d, n_keys = pos - first + 1;
+    memset(out + (size_t)n0 * d, 0, (size_t)(n1 - n0) * d * sizeof(float));
+    for (int t = first, nt; t <= pos; t += nt) {
+        const int slot = t < kv->cache_len ? t : t % kv->cache_len;
+        nt = pos - t + 1 >= 4 && kv->cache_len - slot >= 4 ? 4 : 1;
+        const float *v = kv->values + kv_row(kv, h, t);
+        for (int j = t + KV_AHEAD; j < t + KV_AHEAD + nt && j <= pos; j++) prefetch_row(kv, kv->values, h, j);
+        for (int n = n0; n < n1; n++) {
+            float *o = out + (size_t)n * d;
+            const float *pt = p + (size_t)n * n_keys + (t - first);
+            if (nt == 4)
+                for (int i = 0; i < d; i++)
+                    o[i] = o[i] + pt[0] * v[i] + pt[1] * v[d + i] + pt[2] * v[2 * d + i] + pt[3] * v[3 * d + i];
+            else
+                for (int i = 0; i < d; i++) o[i] += pt[0] * v[i];
+        }
+    }
+}
+
+typedef struct {
+    float *out, *probs;
+    const float *q;
+    const KvCache *kv;
+    int g, per, first, pos;   /* query heads per KV head, heads per piece */
+} AttentionJob;
+
+/* A piece: `per` query heads of one KV head (a KV head's g heads read its keys and values once). */
+static void attention_piece(void *ctx, int piece) {
+    const AttentionJob *j = ctx;
+    const int splits = (j->g + j->per - 1) / j->per, h = piece / splits;
+    const int n0 = h * j->g + piece % splits * j->per, n1 = n0 + j->per < (h + 1) * j->g ? n0 + j->per : (h + 1) * j->g;
+    const int n_keys = j->pos - j->first + 1;
+    attention_scores(j->kv, h, j->q, j->probs, n0, n1, j->first, j->pos);
+    for (int n = n0; n < n1; n++) softmax(j->probs + (size_t)n * n_keys, n_keys);
+    attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos);
+}
+
+void attention(Kernels *k, float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos) {
+    const int g = nq / kv->nkv, threads = (size_t)nq * (pos - first + 1) * kv->d >= PARALLEL_MIN_WORK / 4 ? k->pool.threads : 1;
+    /* whole KV groups while there are enough of them for the threads; else groups split */
+    const int splits = threads <= kv->nkv ? 1 : (threads + kv->nkv - 1) / kv->nkv < g ? (threads + kv->nkv - 1) / kv->nkv : g;
+    AttentionJob j = {out, probs, q, kv, g, (g + splits - 1) / splits, first, pos};
+    pool_run(&k->pool, attention_piece, &j, kv->nkv * ((g + j.per - 1) / j.per));
+}
+
+void attention_ref(float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos) {
+    const int d = kv->d, g = nq / kv->nkv, n_keys = pos - first + 1;
+    for (int n = 0; n < nq; n++) {
+        float *p = probs + (size_t)n * n_keys, *o = out + (size_t)n * d;
+        for (int t = first; t <= pos; t++) {
+            const float *key = kv->keys + kv_row(kv, n / g, t);
+            float s = 0.0f;
+            for (int i = 0; i < d; i++) s += q[(size_t)n * d + i] * key[i];
+            p[t - first] = s / sqrtf((float)d);
+        }
+        softmax(p, n_keys);
+        for (int i = 0; i < d; i++) o[i] = 0.0f;
+        for (int t = first; t <= pos; t++)
+            for (int i = 0; i < d; i++) o[i] += p[t - first] * kv->values[kv_row(kv, n / g, t) + i];
+    }
+}
+
+void softmax(float *x, int n) {
+    float max = x[0];
+    for (int i = 1; i < n; i++) if (x[i] > max) max = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    for (int i = 0; i < n; i++) x[i] /= sum;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 7. Huge pages and the int8 row layout
+ * ------------------------------------------------------------------------------------------- */
+
+/* Streaming the weights through 4 KB pages costs a TLB miss every 4 KB; 2 MB pages make decode
+ * faster (bench/README.md), at the price of a copy at load and RAM for the whole blob. */
+void *copy_to_huge_pages(void *map, size_t size, size_t *alloc_size) {
+    const size_t huge = (size_t)1 << 21;
+    size_t sz = (size + huge - 1) / huge * huge;
+    void *anon = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (anon == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(anon, sz, MADV_HUGEPAGE);     /* a hint: without THP the copy still works, with 4 KB pages */
+#endif
+    for (size_t off = 0; off < size; off += huge) {   /* in 2 MB pieces, each dropped from the mapping */
+        size_t n = size - off < huge ? size - off : huge;   /* once copied: RSS stays near one blob */
+        memcpy((char *)anon + off, (const char *)map + off, n);
+        madvise((char *)map + off, n, MADV_DONTNEED);  /* (the page cache keeps the file for the next run) */
+    }
+    *alloc_size = sz;
+    return anon;
+}
+
+/* In builds with the AVX-512 VNNI kernel, an int8 matrix's rows go in groups of RI =
+ * ZAYA_Q8_INTERLEAVE, the 64-byte chunks of rows RI*p .. RI*p+RI-1 alternating (q8_row): decode then
+ * reads RI rows as one stream and loads each activation once for all of them (dot_q8_interleaved).
+ * Only rows of whole blocks of 8 groups (whole chunks), and for a stacked matrix only if each
+ * expert's row count `slice` is a multiple of RI. The portable kernels read such rows slower, so
+ * other builds leave the rows alone. */
+int kernels_arrange_rows(ZayaMatrix *w, int slice) {
+    const int cols = w->cols, G = w->group_size, RI = ZAYA_Q8_INTERLEAVE;
+    if (!Q8_VNNI || w->dtype != ZAYA_Q8 || !q8_whole_blocks(cols, G) || slice % RI || w->rows < RI) return 0;
+    int8_t *tmp = malloc((size_t)RI * cols);
+    if (!tmp) return -1;
+    for (int first = 0; first + RI <= w->rows; first += RI) {
+        int8_t *g = (int8_t *)w->data + (size_t)first * cols;   /* writable: the copy in huge pages */
+        memcpy(tmp, g, (size_t)RI * cols);
+        for (int c = 0; c < cols; c += 64)
+            for (int r = 0; r < RI; r++) memcpy(g + (size_t)c * RI + 64 * r, tmp + (size_t)r * cols + c, 64);
+    }
+    free(tmp);
+    w->interleaved_rows = w->rows / RI * RI;
+    return 0;
+}

@@ -1,0 +1,67 @@
+/* kernels.h - the fast path of zaya.c: matrix products, attention, threads, huge pages.
+ *
+ * zaya.c (the model) calls these; it never sees SIMD, threads or storage layouts. Each fast kernel
+ * has a plain-loop reference twin (*_ref) that test/test_kernels.c compares it with. The fast
+ * kernels give the same bits for any thread count and any number of tokens per call.
+ */
+#ifndef ZAYA_KERNELS_H
+#define ZAYA_KERNELS_H
+
+#include "zaya.h"
+
+/* Threads and scratch: one per ZayaState. threads <= 0 means zaya_default_threads(). NULL when out
+ * of memory or when the threads cannot be started. */
+typedef struct Kernels Kernels;
+Kernels *kernels_new(int threads, int max_cols, int max_tokens);
+/* The cores this process may run on (sched_getaffinity). */
+int zaya_default_threads(void);
+void kernels_free(Kernels *k);
+int kernels_threads(const Kernels *k);
+
+/* Y[t][o] = W[o] . X[t] for tokens t < n (X's rows xs floats apart, Y's ys apart; n <= max_tokens,
+ * W->cols <= max_cols). int8 weights meet the activations quantized to int16 per group. */
+void matmul(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n);
+/* The same with float activations and plain loops (int8 weights dequantized). */
+void matmul_ref(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n);
+
+/* Zeroed memory aligned to a cache line (the buffers the kernels stream through); free() it. */
+void *calloc_lines(size_t n, size_t size);
+
+/* Row `row` of W widened to float32 (the embedding lookup). */
+void matrix_row(const ZayaMatrix *w, int row, float *out);
+/* Rows [row0, row0 + nrows) of W as a matrix of their own (one expert of a stacked tensor). */
+ZayaMatrix matrix_rows(const ZayaMatrix *w, int row0, int nrows);
+
+/* a . b over n floats (fixed summation order, the same as matmul's float path). */
+float dot(const float *a, const float *b, int n);
+
+/* The KV cache of one layer: [nkv, cache_len, d]; position pos of KV head h at kv_row(). A sliding
+ * layer's cache is a ring of cache_len slots. */
+typedef struct {
+    float *keys, *values;
+    int cache_len, nkv, d;
+} KvCache;
+static inline size_t kv_row(const KvCache *kv, int h, int pos) {
+    const int slot = pos < kv->cache_len ? pos : pos % kv->cache_len;
+    return ((size_t)h * (size_t)kv->cache_len + (size_t)slot) * (size_t)kv->d;
+}
+
+/* Causal attention of one query token over the cached keys and values of positions first..pos:
+ * for query head n (of nq) and its KV head n / (nq / nkv),
+ *   probs[n][t - first] = softmax_t(q[n] . k_t * d^-1/2),  out[n] = sum_t probs[n][t - first] v_t.
+ * q [nq, d], out [nq, d], probs [nq, pos - first + 1]. */
+void attention(Kernels *k, float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos);
+void attention_ref(float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos);
+
+/* softmax in float32 with the maximum subtracted (torch.softmax). */
+void softmax(float *x, int n);
+
+/* The blob mapped into memory that may use 2 MB transparent huge pages: a private copy of `size`
+ * bytes of map (each piece dropped from map once copied). NULL when out of memory. */
+void *copy_to_huge_pages(void *map, size_t size, size_t *alloc_size);
+/* In such a copy, lays out an int8 matrix's rows the way the fast kernel reads them fastest (where
+ * it has such a layout; sets w->interleaved_rows). slice: rows per expert of a stacked matrix.
+ * Returns -1 when out of memory. */
+int kernels_arrange_rows(ZayaMatrix *w, int slice);
+
+#endif /* ZAYA_KERNELS_H */

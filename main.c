@@ -1,0 +1,798 @@
+/* main.c - the zaya command line: generation, chat, sampling, --dump, --trace, --encode/--decode.
+ *
+ *   ./zaya MODEL.bin -i "text" [-n 256] [-t 1.0] [-p 0.9] [-s seed] [-m generate|chat] ...
+ *
+ * Every mode runs the model through zaya_forward() (zaya.c). ./zaya --help lists the options.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "zaya.h"
+#include "tokenizer.h"
+#include "trace.h"
+#include "kernels.h"   /* softmax (the sampler) */
+
+#include <errno.h>
+#include <math.h>
+#include <regex.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+#ifndef ZAYA_VERSION
+#define ZAYA_VERSION "1.0"
+#endif
+#ifndef ZAYA_COMMIT
+#define ZAYA_COMMIT "unknown"
+#endif
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Prints "zaya: error: ..." and exits with status 1: only main() and its helpers end the program. */
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("zaya: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+/* ---- sampling (llama2.c style: xorshift RNG, temperature, top-p) ---- */
+
+static uint32_t random_u32(uint64_t *state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+static float random_f32(uint64_t *state) { return (random_u32(state) >> 8) / 16777216.0f; }
+
+typedef struct { float p; int id; } ProbIndex;
+/* Sorts a[0..m) by probability, largest first, equal probabilities by lower id first (a[] arrives
+ * in id order). An LSD radix sort, 8 bits a pass, on the float's bit pattern, which orders positive
+ * floats like their values; each pass is stable, so ties keep their id order. O(m) where qsort was
+ * O(m log m): a flat distribution keeps nearly all 262,144 tokens above the top-p cutoff. Uses tmp
+ * (m entries); the result ends in a (four passes). */
+static void sort_prob_desc(ProbIndex *a, ProbIndex *tmp, int m) {
+    for (int shift = 0; shift < 32; shift += 8) {
+        size_t start[257] = {0};   /* digit 255 - byte, so larger bytes come first */
+        uint32_t bits;
+        for (int i = 0; i < m; i++) { memcpy(&bits, &a[i].p, 4); start[1 + 255 - ((bits >> shift) & 255)]++; }
+        for (int k = 0; k < 256; k++) start[k + 1] += start[k];
+        for (int i = 0; i < m; i++) { memcpy(&bits, &a[i].p, 4); tmp[start[255 - ((bits >> shift) & 255)]++] = a[i]; }
+        ProbIndex *t = a; a = tmp; tmp = t;
+    }
+}
+
+/* Picks the next token from logits[0..n): n is the tokenizer's size, so ids the tokenizer cannot
+ * print (embedding padding rows) are never chosen. temperature 0 = greedy (ties: lowest id).
+ * scratch: 2n entries (candidates, and the sort's second buffer). */
+static int sample(float *logits, int n, float temperature, float topp, uint64_t *rng, ProbIndex *scratch) {
+    if (temperature == 0.0f) {
+        int best = 0;
+        for (int i = 1; i < n; i++) if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    for (int i = 0; i < n; i++) logits[i] /= temperature;
+    softmax(logits, n);
+    float r = random_f32(rng);
+    if (topp <= 0.0f || topp >= 1.0f) {
+        float cdf = 0.0f;
+        for (int i = 0; i < n; i++) { cdf += logits[i]; if (r < cdf) return i; }
+        return n - 1;
+    }
+    /* top-p: the smallest set of most likely tokens whose probability reaches topp */
+    int m = 0;
+    const float cutoff = (1.0f - topp) / (float)(n - 1);   /* tokens below this can never be in the set */
+    for (int i = 0; i < n; i++) if (logits[i] >= cutoff) scratch[m++] = (ProbIndex){logits[i], i};
+    sort_prob_desc(scratch, scratch + n, m);
+    float cum = 0.0f;
+    int last = m - 1;
+    for (int i = 0; i < m; i++) { cum += scratch[i].p; if (cum > topp) { last = i; break; } }
+    r *= cum;
+    float cdf = 0.0f;
+    for (int i = 0; i <= last; i++) { cdf += scratch[i].p; if (r < cdf) return scratch[i].id; }
+    return scratch[last].id;
+}
+
+/* ---- --dump DIR: every tap, token-major, one .npy each, plus index.json (docs/compare.md) ---- */
+
+typedef struct {
+    char name[160];
+    int is_int, ndim, shape[2];
+    size_t row;          /* values per position */
+    size_t rows, cap;    /* positions stored, capacity */
+    unsigned char *data;
+    int state;           /* 1 = a state tensor written once after the run (full shape in `shape`) */
+} DumpTensor;
+
+typedef struct {
+    DumpTensor *t;
+    int n, cap, cursor;
+    regex_t filter;
+    int has_filter;
+    int list_only;       /* --list-taps: collect names and shapes of one position */
+} Dump;
+
+static void full_name(char *out, size_t n, const ZayaTap *tap) {
+    if (tap->layer < 0) snprintf(out, n, "%s", tap->name);
+    else snprintf(out, n, "model.layers.%d.%s", tap->layer, tap->name);
+}
+
+static void dump_tap(void *ctx, const ZayaTap *tap) {
+    Dump *d = ctx;
+    if (tap->ragged) return;   /* not a [T, ...] array: --trace shows it */
+    char name[160];
+    full_name(name, sizeof name, tap);
+    /* taps arrive in the same order at every position: try the next expected entry first */
+    int idx = -1;
+    if (d->n && strcmp(d->t[d->cursor % d->n].name, name) == 0) idx = d->cursor % d->n;
+    for (int i = 0; idx < 0 && i < d->n; i++) if (strcmp(d->t[i].name, name) == 0) idx = i;
+    if (idx < 0) {
+        if (d->has_filter && regexec(&d->filter, name, 0, NULL, 0) != 0) return;
+        if (d->n == d->cap) {
+            d->cap = d->cap ? 2 * d->cap : 256;
+            d->t = realloc(d->t, sizeof(DumpTensor) * (size_t)d->cap);
+            if (!d->t) die("out of memory in --dump");
+        }
+        DumpTensor *t = &d->t[d->n];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, "%s", name);
+        t->is_int = tap->is_int;
+        t->ndim = tap->ndim;
+        t->shape[0] = tap->shape[0];
+        t->shape[1] = tap->shape[1];
+        t->row = tap->ndim == 0 ? 1 : tap->ndim == 1 ? (size_t)tap->shape[0] : (size_t)tap->shape[0] * tap->shape[1];
+        idx = d->n++;
+    }
+    d->cursor = idx + 1;
+    DumpTensor *t = &d->t[idx];
+    if (d->list_only) return;
+    if (t->rows == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 16;
+        t->data = realloc(t->data, t->cap * t->row * 4);
+        if (!t->data) die("out of memory in --dump (tensor %s)", t->name);
+    }
+    memcpy(t->data + t->rows * t->row * 4, tap->data, t->row * 4);
+    t->rows++;
+}
+
+static void dump_state_tap(void *ctx, const ZayaTap *tap) {
+    Dump *d = ctx;
+    int before = d->n;
+    dump_tap(ctx, tap);
+    if (d->n > before) d->t[d->n - 1].state = 1;
+}
+
+/* NumPy format 1.0: magic, version, header length, a dict padded with spaces to 64 bytes. */
+static int write_npy(const char *path, const DumpTensor *t) {
+    char shape[96];
+    if (t->state) {
+        if (t->ndim == 2) snprintf(shape, sizeof shape, "(%d, %d)", t->shape[0], t->shape[1]);
+        else snprintf(shape, sizeof shape, "(%d,)", t->shape[0]);
+    } else if (t->ndim == 0) snprintf(shape, sizeof shape, "(%zu,)", t->rows);
+    else if (t->ndim == 1) snprintf(shape, sizeof shape, "(%zu, %d)", t->rows, t->shape[0]);
+    else snprintf(shape, sizeof shape, "(%zu, %d, %d)", t->rows, t->shape[0], t->shape[1]);
+    char header[256];
+    int len = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
+                       t->is_int ? "<i4" : "<f4", shape);
+    int total = (10 + len + 1 + 63) / 64 * 64;
+    while (10 + len + 1 < total) header[len++] = ' ';
+    header[len++] = '\n';
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(len & 0xFF), (unsigned char)(len >> 8)};
+    size_t nbytes = (t->state ? 1 : t->rows) * t->row * 4;
+    int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(header, 1, (size_t)len, f) == (size_t)len &&
+             (nbytes == 0 || fwrite(t->data, 1, nbytes, f) == nbytes);
+    return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+static void json_number(FILE *f, double v) {
+    if (isfinite(v)) fprintf(f, "%.9g", v);
+    else fputs("null", f);
+}
+
+static void write_dump(const char *dir, Dump *d, const ZayaModel *m, const char *model_path, int skip_mode,
+                       const int *tokens, int n_tokens) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) die("cannot write %s: %s\n  hint: check that the folder is writable", path, strerror(errno));
+    const char *formats[] = {"fp32", "bf16", "int8"};
+    fprintf(f, "{\n  \"format_version\": 1,\n  \"producer\": {\"program\": \"zaya.c\", \"version\": \"%s\", \"commit\": \"%s\"},\n",
+            ZAYA_VERSION, ZAYA_COMMIT);
+    fprintf(f, "  \"model\": {\"path\": \"");
+    for (const char *p = model_path; *p; p++) {
+        if (*p == '"' || *p == '\\') fputc('\\', f);
+        if ((unsigned char)*p >= 0x20) fputc(*p, f);
+    }
+    fprintf(f, "\", \"source_layout\": \"%s\", \"provenance\": %s},\n", m->source_layout ? "legacy" : "native",
+            m->provenance[0] == '{' ? m->provenance : "null");
+    fprintf(f, "  \"weight_format\": {\"dtype\": \"%s\", \"group_size\": %d},\n", formats[m->weight_format], m->group_size);
+    fprintf(f, "  \"skip_expert\": \"%s\",\n  \"tokens\": [", skip_mode == ZAYA_SKIP_PASSTHROUGH ? "passthrough" : "zero");
+    for (int i = 0; i < n_tokens; i++) fprintf(f, "%s%d", i ? ", " : "", tokens[i]);
+    fprintf(f, "],\n  \"tensors\": [\n");
+    for (int i = 0; i < d->n; i++) {
+        DumpTensor *t = &d->t[i];
+        char file[200];
+        snprintf(file, sizeof file, "%s.npy", t->name);
+        for (char *p = file; *p; p++) if (*p == ':') *p = '~';
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        if (write_npy(path, t) != 0) die("cannot write %s: %s\n  hint: check the disk space and that the folder is writable", path, strerror(errno));
+        size_t n = (t->state ? 1 : t->rows) * t->row, nan = 0, inf = 0, fin = 0;
+        double mn = INFINITY, mx = -INFINITY, sum = 0, ss = 0;
+        for (size_t k = 0; k < n; k++) {
+            double v;
+            if (t->is_int) { int32_t iv; memcpy(&iv, t->data + 4 * k, 4); v = iv; }
+            else { float fv; memcpy(&fv, t->data + 4 * k, 4); v = fv; }
+            if (isnan(v)) { nan++; continue; }
+            if (isinf(v)) { inf++; continue; }
+            fin++;
+            mn = v < mn ? v : mn;
+            mx = v > mx ? v : mx;
+            sum += v;
+            ss += v * v;
+        }
+        fprintf(f, "    {\"name\": \"%s\", \"file\": \"%s\", \"shape\": [", t->name, file);
+        if (t->state) fprintf(f, t->ndim == 2 ? "%d, %d" : "%d", t->shape[0], t->shape[1]);
+        else if (t->ndim == 0) fprintf(f, "%zu", t->rows);
+        else if (t->ndim == 1) fprintf(f, "%zu, %d", t->rows, t->shape[0]);
+        else fprintf(f, "%zu, %d, %d", t->rows, t->shape[0], t->shape[1]);
+        fprintf(f, "], \"dtype\": \"%s\", \"order\": %d, \"stats\": {\"min\": ", t->is_int ? "int32" : "float32", i);
+        json_number(f, fin ? mn : NAN);
+        fputs(", \"max\": ", f);
+        json_number(f, fin ? mx : NAN);
+        fputs(", \"mean\": ", f);
+        json_number(f, fin ? sum / (double)fin : NAN);
+        fputs(", \"rms\": ", f);
+        json_number(f, fin ? sqrt(ss / (double)fin) : NAN);
+        fprintf(f, ", \"nan\": %zu, \"inf\": %zu}}%s\n", nan, inf, i + 1 < d->n ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+    if (fclose(f) != 0) die("cannot write %s/index.json: %s", dir, strerror(errno));
+}
+
+/* ---- arguments ---- */
+
+static void usage(FILE *f) {
+    fputs("usage: zaya MODEL.bin [options]\n"
+          "\n"
+          "Generate (default):\n"
+          "  -i TEXT            prompt text (encoded as <bos> + text, like the HF fixture prompts)\n"
+          "  --ids 2,818,...    prompt as token ids instead of text\n"
+          "  -n N               tokens to generate (default 256; 0 with --dump)\n"
+          "  -t T               temperature, 0 = greedy (default 1.0)\n"
+          "  -p P               top-p (default 0.9)\n"
+          "  -s SEED            random seed (default: time)\n"
+          "  --print-ids        print generated ids comma-separated instead of text\n"
+          "  -m generate|chat   mode (default generate)\n"
+          "  -y TEXT            system prompt for chat\n"
+          "  --no-think         chat: ask for an answer without a thinking block\n"
+          "Model options:\n"
+          "  --skip-expert zero|passthrough   skip-expert output: upstream zero (default) or Zyphra fork\n"
+          "  --ctx N            context length (default min(4096, max_position_embeddings))\n"
+          "  --threads N        threads (default: the cores this process may use; results are identical for any number)\n"
+          "  --batch N          prompt tokens per batch, 1..256 (default 256; results are identical)\n"
+          "  --verify           check every tensor's CRC-32 at load\n"
+          "  --hugepages        copy the weights into huge-page memory at load: slower start, faster decode\n"
+          "Inspection:\n"
+          "  --dump DIR         write every intermediate tensor (HF module paths) as .npy + index.json\n"
+          "  --dump-filter RE   only tensors whose name matches the POSIX extended regex RE\n"
+          "  --list-taps        print the names and shapes of all tensors --dump writes\n"
+          "  --trace POS        print every step of forward() at prompt position POS (needs --ids or -i;\n"
+          "                     -n 0 unless given; not with --dump; see trace.h)\n"
+          "  --trace-layer N    limit --trace to layer N (the model-level steps are still printed)\n"
+          "Tokenizer:\n"
+          "  --encode           read UTF-8 text from stdin, print HF tokenizer(text) ids\n"
+          "  --decode IDS       print HF decode(ids, skip_special_tokens=False)\n"
+          "  -h, --help         this help\n", f);
+}
+
+/* Parses "2,818,3823" into a new array; every id must be a decimal number below `limit`. */
+static int *parse_ids(const char *flag, const char *s, int limit, int *n_out) {
+    int cap = 16, n = 0;
+    int *ids = malloc(sizeof(int) * (size_t)cap);
+    if (!ids) die("out of memory");
+    const char *p = s;
+    while (1) {
+        while (*p == ' ') p++;
+        if (*p < '0' || *p > '9') {
+            free(ids);
+            die("malformed %s at character %d: \"%s\"\n  expected: comma-separated decimal token ids, e.g. %s 2,818,3823\n  found:    %s%.20s%s",
+                flag, (int)(p - s) + 1, s, flag, *p ? "\"" : "", *p ? p : "the end of the list", *p ? "\"" : "");
+        }
+        long v = 0;
+        const char *start = p;
+        while (*p >= '0' && *p <= '9') {
+            v = v * 10 + (*p++ - '0');
+            if (v > 2000000000L) break;
+        }
+        while (*p >= '0' && *p <= '9') p++;   /* the rest of a huge number, for the message */
+        if (v >= limit) {
+            free(ids);
+            die("token id %.*s in %s is outside the vocabulary\n  expected: 0..%d\n  found:    %.*s", (int)(p - start), start, flag, limit - 1,
+                (int)(p - start), start);
+        }
+        if (n == cap) { cap *= 2; ids = realloc(ids, sizeof(int) * (size_t)cap); if (!ids) die("out of memory"); }
+        ids[n++] = (int)v;
+        while (*p == ' ') p++;
+        if (*p == 0) break;
+        if (*p != ',') {
+            free(ids);
+            die("malformed %s at character %d: \"%s\"\n  expected: ',' between ids\n  found:    '%c'", flag, (int)(p - s) + 1, s, *p);
+        }
+        p++;
+    }
+    *n_out = n;
+    return ids;
+}
+
+static long parse_int(const char *flag, const char *v, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        die("bad value for %s: \"%s\"\n  expected: an integer in %ld..%ld", flag, v, lo, hi);
+    return x;
+}
+
+static float parse_float(const char *flag, const char *v, float lo, float hi) {
+    char *end;
+    errno = 0;
+    float x = strtof(v, &end);
+    if (errno || end == v || *end || !(x >= lo && x <= hi))
+        die("bad value for %s: \"%s\"\n  expected: a number in %g..%g", flag, v, (double)lo, (double)hi);
+    return x;
+}
+
+typedef struct {
+    const char *model_path, *prompt, *ids, *dump_dir, *dump_filter, *system_prompt, *decode_ids, *mode;
+    int steps, steps_given, print_ids, skip_expert, ctx, threads, batch, verify, hugepages, list_taps, encode, no_think;
+    int trace_pos, trace_layer;
+    float temperature, topp;
+    uint64_t seed;
+} Options;
+
+static Options parse_args(int argc, char **argv) {
+    Options o = {0};
+    o.steps = 256;
+    o.temperature = 1.0f;
+    o.topp = 0.9f;
+    o.seed = (uint64_t)time(NULL);
+    o.trace_pos = -1;
+    o.trace_layer = -1;
+    o.mode = "generate";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
+        int flag_only = !strcmp(a, "--print-ids") || !strcmp(a, "--verify") || !strcmp(a, "--hugepages") || !strcmp(a, "--list-taps") ||
+                        !strcmp(a, "--encode") || !strcmp(a, "--no-think");
+        if (a[0] != '-' || !a[1]) {
+            if (o.model_path) die("unexpected argument \"%s\"\n  hint: options start with '-'; see zaya -h", a);
+            o.model_path = a;
+            continue;
+        }
+        if (flag_only) {
+            if (!strcmp(a, "--print-ids")) o.print_ids = 1;
+            else if (!strcmp(a, "--verify")) o.verify = 1;
+            else if (!strcmp(a, "--hugepages")) o.hugepages = 1;
+            else if (!strcmp(a, "--list-taps")) o.list_taps = 1;
+            else if (!strcmp(a, "--encode")) o.encode = 1;
+            else o.no_think = 1;
+            continue;
+        }
+        static const char *with_value[] = {"-i", "--ids", "-n", "-t", "-p", "-s", "-m", "-y", "--skip-expert", "--ctx",
+                                           "--threads", "--batch", "--dump", "--dump-filter", "--trace", "--trace-layer",
+                                           "--decode", NULL};
+        int known = 0;
+        for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
+        if (!known) die("unknown option \"%s\"\n  hint: see zaya -h for the list of options", a);
+        if (i + 1 >= argc) die("option %s needs a value\n  hint: see zaya -h", a);
+        const char *v = argv[++i];
+        if (!strcmp(a, "-i")) o.prompt = v;
+        else if (!strcmp(a, "--ids")) o.ids = v;
+        else if (!strcmp(a, "-n")) { o.steps = (int)parse_int(a, v, 0, 1 << 30); o.steps_given = 1; }
+        else if (!strcmp(a, "-t")) o.temperature = parse_float(a, v, 0.0f, 100.0f);
+        else if (!strcmp(a, "-p")) o.topp = parse_float(a, v, 0.0f, 1.0f);
+        else if (!strcmp(a, "-s")) o.seed = (uint64_t)parse_int(a, v, 0, 0x7fffffffffffffffL);
+        else if (!strcmp(a, "-m")) {
+            if (strcmp(v, "generate") && strcmp(v, "chat")) die("bad value for -m: \"%s\"\n  expected: generate or chat", v);
+            o.mode = v;
+        } else if (!strcmp(a, "-y")) o.system_prompt = v;
+        else if (!strcmp(a, "--skip-expert")) {
+            if (!strcmp(v, "zero")) o.skip_expert = ZAYA_SKIP_ZERO;
+            else if (!strcmp(v, "passthrough")) o.skip_expert = ZAYA_SKIP_PASSTHROUGH;
+            else die("bad value for --skip-expert: \"%s\"\n  expected: zero (upstream transformers/vLLM) or passthrough (Zyphra's fork)", v);
+        } else if (!strcmp(a, "--ctx")) o.ctx = (int)parse_int(a, v, 1, 1 << 30);
+        else if (!strcmp(a, "--threads")) o.threads = (int)parse_int(a, v, 1, 1024);
+        else if (!strcmp(a, "--batch")) o.batch = (int)parse_int(a, v, 1, ZAYA_BATCH);
+        else if (!strcmp(a, "--dump")) o.dump_dir = v;
+        else if (!strcmp(a, "--dump-filter")) o.dump_filter = v;
+        else if (!strcmp(a, "--trace")) o.trace_pos = (int)parse_int(a, v, 0, 1 << 30);
+        else if (!strcmp(a, "--trace-layer")) o.trace_layer = (int)parse_int(a, v, 0, ZAYA_MAX_LAYERS - 1);
+        else if (!strcmp(a, "--decode")) o.decode_ids = v;
+    }
+    if (!o.model_path) { usage(stderr); die("no model file given\n  hint: zaya MODEL.bin -i \"prompt\" (export MODEL.bin with export_weights.py)"); }
+    if (o.prompt && o.ids) die("give the prompt either as -i TEXT or as --ids, not both");
+    if ((o.dump_dir || o.trace_pos >= 0) && !o.steps_given) o.steps = 0;
+    if (o.trace_pos >= 0 && o.dump_dir) die("--trace and --dump cannot be combined\n  hint: run twice; the values are identical");
+    if (o.trace_layer >= 0 && o.trace_pos < 0) die("--trace-layer needs --trace POS");
+    return o;
+}
+
+/* ---- running ---- */
+
+/* Runs `n` prompt tokens, then generates up to `steps` more (stops at an eos id). Generated ids
+ * are printed as ids or streamed as text. Returns the number of generated tokens. */
+typedef struct {
+    const ZayaModel *m;
+    ZayaState *s;
+    const Options *o;
+    uint64_t rng;
+    ProbIndex *scratch;
+    int sample_limit;          /* ids >= this are never sampled (not in the tokenizer) */
+    double prefill_s, decode_s;
+    int prefill_n, decode_n;
+} Runner;
+
+static void run_prompt(Runner *r, const int *ids, int n) {
+    char err[512];
+    double t0 = now_s();
+    if (zaya_forward(r->m, r->s, ids, n, err, sizeof err) != 0) die("%s", err);
+    r->prefill_s += now_s() - t0;
+    r->prefill_n += n;
+}
+
+/* Generation stops at the config's eos ids and at the chat format's stop ids (<|im_end|>, <eos>). */
+static int is_eos(const ZayaModel *m, int id) {
+    for (int k = 0; k < m->config.n_eos; k++) if (m->config.eos_ids[k] == id) return 1;
+    return m->tokenizer && zaya_tok_is_stop(m->tokenizer, id);
+}
+
+/* Generates up to `steps` tokens after the prompt; `emit` prints each. Returns the count. */
+static int generate(Runner *r, int steps, void (*emit)(Runner *, int, int), int *last) {
+    char err[512];
+    int n = 0;
+    double t0 = now_s();
+    while (n < steps) {
+        int next = sample(r->s->logits, r->sample_limit, r->o->temperature, r->o->topp, &r->rng, r->scratch);
+        emit(r, next, n);
+        n++;
+        *last = next;
+        if (is_eos(r->m, next)) break;
+        if (n == steps) break;
+        if (r->s->pos >= r->s->ctx) {
+            fprintf(stderr, "\nzaya: context is full (%d positions); stopping\n  hint: raise --ctx (max %d)\n",
+                    r->s->ctx, r->m->config.max_position);
+            break;
+        }
+        if (zaya_forward(r->m, r->s, &next, 1, err, sizeof err) != 0) die("%s", err);
+    }
+    r->decode_s += now_s() - t0;
+    r->decode_n += n;
+    return n;
+}
+
+static void emit_id(Runner *r, int id, int i) {
+    (void)r;
+    printf(i ? ",%d" : "%d", id);
+    fflush(stdout);
+}
+
+/* Streams generated text: only whole UTF-8 characters are printed (zaya_tok_stream_push). Stop
+ * tokens end the text and are not printed. */
+static ZayaTokStream text_stream;
+static void emit_text(Runner *r, int id, int i) {
+    (void)i;
+    if (is_eos(r->m, id)) return;
+    size_t len;
+    const char *text = zaya_tok_stream_push(&text_stream, id, &len);
+    if (!text) die("out of memory while decoding");
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+}
+
+static void flush_text(void) {
+    size_t len;
+    const char *text = zaya_tok_stream_flush(&text_stream, &len);
+    if (text) fwrite(text, 1, len, stdout);
+    fflush(stdout);
+}
+
+/* Generates up to `steps` tokens and prints them: ids with --print-ids (or without a tokenizer),
+ * else streamed text. */
+static void generate_and_print(Runner *r, int steps, int *last) {
+    if (r->o->print_ids || !r->m->tokenizer) {
+        generate(r, steps, emit_id, last);
+        return;
+    }
+    zaya_tok_stream_init(&text_stream, r->m->tokenizer, 0);
+    generate(r, steps, emit_text, last);
+    flush_text();
+    zaya_tok_stream_free(&text_stream);
+}
+
+static const ZayaTokenizer *need_tokenizer(const ZayaModel *m, const char *what) {
+    if (!m->tokenizer)
+        die("%s needs the tokenizer, but this blob has none\n  hint: re-export it with export_weights.py from a folder with tokenizer.json", what);
+    return m->tokenizer;
+}
+
+/* Encodes text like HF tokenizer(text) but without the trailing <|im_end|> that ZAYA1's
+ * post-processor appends: a prompt to continue is <bos> + the text's tokens (as in the fixtures). */
+static int *encode_prompt(const ZayaTokenizer *tok, const char *text, int *n_out) {
+    int *body = NULL, *ids;
+    size_t n = 0;
+    if (zaya_tok_encode(tok, text, strlen(text), 0, &body, &n) != 0) die("out of memory while encoding the prompt");
+    ids = malloc(sizeof(int) * (n + (size_t)tok->n_prefix + 1));
+    if (!ids) die("out of memory");
+    for (int k = 0; k < tok->n_prefix; k++) ids[k] = tok->prefix[k];
+    memcpy(ids + tok->n_prefix, body, sizeof(int) * n);
+    *n_out = (int)n + tok->n_prefix;
+    free(body);
+    return ids;
+}
+
+/* --encode: standard input, every byte, to HF tokenizer(text).ids on one line. */
+static void run_encode(const ZayaTokenizer *tok) {
+    size_t len = 0, cap = 1 << 16;
+    char *text = malloc(cap);
+    size_t got;
+    while (text && (got = fread(text + len, 1, cap - len, stdin)) > 0) {
+        len += got;
+        if (len == cap) text = realloc(text, cap *= 2);
+    }
+    if (!text) die("out of memory reading standard input");
+    int *ids = NULL;
+    size_t n = 0;
+    if (zaya_tok_encode(tok, text, len, 1, &ids, &n) != 0) die("cannot encode %zu bytes (out of memory, or over 256 MB)", len);
+    for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+    free(text);
+}
+
+/* Feeds rendered chat text to the model (encoded without special tokens: it carries its own <bos>). */
+static void feed_text(Runner *r, const char *text) {
+    int *ids = NULL;
+    size_t n = 0;
+    if (zaya_tok_encode(r->m->tokenizer, text, strlen(text), 0, &ids, &n) != 0) die("out of memory while encoding");
+    if (r->s->pos + (int)n > r->s->ctx)
+        die("the conversation no longer fits the context (%d + %zu tokens > %d)\n  hint: raise --ctx (max %d) or start over",
+            r->s->pos, n, r->s->ctx, r->m->config.max_position);
+    if (r->o->print_ids) {    /* --print-ids: show what the model is fed, as ids, on stderr */
+        fprintf(stderr, "[fed");
+        for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, "]\n");
+    }
+    run_prompt(r, ids, (int)n);
+    free(ids);
+}
+
+/* Drops the line ending ("\n" or "\r\n") that getline() keeps. */
+static void chomp(char *line, ssize_t *len) {
+    while (*len > 0 && (line[*len - 1] == '\n' || line[*len - 1] == '\r')) line[--*len] = 0;
+}
+
+/* Closes an assistant turn as the template does (turn_end, e.g. "<|im_end|>\n"). */
+static void close_assistant_turn(Runner *r) {
+    ZayaTokStr end = r->m->tokenizer->chat.turn_end;
+    char *text = malloc(end.len + 1);
+    if (!text) die("out of memory");
+    memcpy(text, end.s, end.len);
+    text[end.len] = 0;
+    feed_text(r, text);
+    free(text);
+}
+
+/* -m chat: one user message per line of standard input. Turns are rendered with the checkpoint's chat
+ * format (the template family recorded by the exporter); the KV/conv/delayed-value state is kept
+ * across turns, so history is never prefilled again. A line "/assistant TEXT" right after a user
+ * line gives the assistant's reply instead of generating one (to replay a transcript). */
+static void run_chat(Runner *r) {
+    const ZayaTokenizer *tok = need_tokenizer(r->m, "-m chat");
+    if (tok->chat.family == ZAYA_CHAT_NONE)
+        die("this blob has no chat format\n  hint: re-export with export_weights.py --chat-format chatml|gemma");
+    const char *replay = "/assistant ";
+    int think = !r->o->no_think, turn = 0, interactive = isatty(STDIN_FILENO), have_line = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len = 0;
+    while (1) {
+        if (!have_line) {
+            if (interactive) fputs("user> ", stderr);
+            if ((len = getline(&line, &cap, stdin)) < 0) break;
+        }
+        have_line = 0;
+        chomp(line, &len);
+        char *text;
+        if (turn == 0) {   /* <bos>, the system prompt, the first user turn, the generation prompt */
+            ZayaChatMessage msgs[2] = {{"system", r->o->system_prompt}, {"user", line}};
+            text = r->o->system_prompt ? zaya_tok_chat_render(tok, msgs, 2, 1, think, NULL)
+                                       : zaya_tok_chat_render(tok, msgs + 1, 1, 1, think, NULL);
+        } else {           /* the user turn and the generation prompt */
+            char *user = zaya_tok_chat_turn(tok, "user", line, NULL), *gen = zaya_tok_chat_generation_prompt(tok, think, NULL);
+            text = user && gen ? malloc(strlen(user) + strlen(gen) + 1) : NULL;
+            if (text) { strcpy(text, user); strcat(text, gen); }
+            free(user);
+            free(gen);
+        }
+        if (!text) die("out of memory rendering the chat turn");
+        feed_text(r, text);
+        free(text);
+        turn++;
+
+        if (!interactive && (len = getline(&line, &cap, stdin)) >= 0) {
+            if (!strncmp(line, replay, strlen(replay))) {   /* a given reply: feed it, do not generate */
+                chomp(line, &len);
+                feed_text(r, line + strlen(replay));
+                close_assistant_turn(r);
+                continue;
+            }
+            have_line = 1;
+        }
+        if (interactive) fputs("assistant> ", stderr);
+        int last = -1;
+        generate_and_print(r, r->o->steps, &last);
+        printf("\n");
+        fflush(stdout);
+        /* the last sampled token was not fed; a stop token is replaced by the template's turn end */
+        if (last >= 0 && !is_eos(r->m, last)) {
+            if (r->s->pos >= r->s->ctx) die("the conversation no longer fits the context (%d tokens)\n  hint: raise --ctx (max %d)", r->s->ctx, r->m->config.max_position);
+            run_prompt(r, &last, 1);
+        }
+        close_assistant_turn(r);
+    }
+    free(line);
+}
+
+static void report_speed(const Runner *r, double load_s) {
+    fprintf(stderr, "load: %.3f s\n", load_s);
+    if (r->prefill_n)
+        fprintf(stderr, "prefill: %d tokens in %.3f s (%.2f tok/s)\n", r->prefill_n, r->prefill_s,
+                r->prefill_n / (r->prefill_s > 0 ? r->prefill_s : 1e-9));
+    if (r->decode_n)
+        fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s)\n", r->decode_n, r->decode_s,
+                r->decode_n / (r->decode_s > 0 ? r->decode_s : 1e-9));
+}
+
+static void list_taps(const ZayaModel *m, ZayaState *s) {
+    Dump d = {0};
+    d.list_only = 1;
+    s->tap = dump_tap;
+    s->tap_ctx = &d;
+    char err[512];
+    if (zaya_forward(m, s, &m->config.bos_id, 1, err, sizeof err) != 0) die("%s", err);
+    for (int i = 0; i < d.n; i++) {
+        const DumpTensor *t = &d.t[i];
+        if (t->ndim == 0) printf("%-64s [T] %s\n", t->name, t->is_int ? "int32" : "float32");
+        else if (t->ndim == 1) printf("%-64s [T, %d] float32\n", t->name, t->shape[0]);
+        else printf("%-64s [T, %d, %d] float32\n", t->name, t->shape[0], t->shape[1]);
+    }
+    printf("(after the last position: model.layers.{i}.self_attn.qkv_proj:conv_state, "
+           ":delayed_value_state, self_attn:key_cache, self_attn:value_cache)\n");
+    free(d.t);
+}
+
+static void make_dump_dir(const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) die("--dump %s exists and is not a folder\n  hint: give a new or existing folder", dir);
+    } else if (mkdir(dir, 0777) != 0) {
+        die("cannot create the dump folder %s: %s\n  hint: check the parent folder exists and is writable", dir, strerror(errno));
+    }
+    char probe[4096];
+    snprintf(probe, sizeof probe, "%s/.zaya_write_test", dir);
+    FILE *f = fopen(probe, "w");
+    if (!f) die("the dump folder %s is not writable: %s", dir, strerror(errno));
+    fclose(f);
+    remove(probe);
+}
+
+int main(int argc, char **argv) {
+    Options o = parse_args(argc, argv);
+    char err[1024];
+    double t0 = now_s();
+    ZayaModel m;
+    if (zaya_load(&m, o.model_path, (o.verify ? ZAYA_LOAD_VERIFY : 0) | (o.hugepages ? ZAYA_LOAD_HUGEPAGES : 0), err, sizeof err) != 0) die("%s", err);
+    double load_s = now_s() - t0;
+    const ZayaConfig *c = &m.config;
+
+    if (o.encode) {
+        run_encode(need_tokenizer(&m, "--encode"));
+        zaya_free(&m);
+        return 0;
+    }
+    if (o.decode_ids) {
+        int n = 0;
+        int *ids = parse_ids("--decode", o.decode_ids, c->vocab_size, &n);
+        size_t len;
+        char *text = zaya_tok_decode(need_tokenizer(&m, "--decode"), ids, (size_t)n, 0, &len);
+        if (!text) die("out of memory while decoding");
+        fwrite(text, 1, len, stdout);
+        free(text);
+        free(ids);
+        zaya_free(&m);
+        return 0;
+    }
+    int n_prompt = 0;
+    int *prompt = NULL;
+    if (o.ids) prompt = parse_ids("--ids", o.ids, c->vocab_size, &n_prompt);
+    else if (o.prompt) prompt = encode_prompt(need_tokenizer(&m, "-i"), o.prompt, &n_prompt);
+    if (o.dump_dir) {
+        if (!prompt) die("--dump needs a prompt: --ids 2,818,... or -i TEXT");
+        make_dump_dir(o.dump_dir);
+    }
+    int ctx = o.ctx ? o.ctx : (c->max_position < 4096 ? c->max_position : 4096);
+    if (ctx > c->max_position) die("--ctx %d is larger than the model's max_position_embeddings %d", ctx, c->max_position);
+    if (n_prompt + o.steps > ctx && (o.dump_dir || o.print_ids) && n_prompt > ctx)
+        die("the prompt has %d tokens but the context holds %d\n  hint: raise --ctx (max %d)", n_prompt, ctx, c->max_position);
+    ZayaState s;
+    if (zaya_state_init(&s, &m, ctx, o.threads, err, sizeof err) != 0) die("%s", err);
+    fprintf(stderr, "threads: %d%s\n", zaya_state_threads(&s), o.threads ? "" : " (the cores this process may use; --threads N to change)");
+    s.skip_expert = o.skip_expert;
+    if (o.batch) s.batch = o.batch;
+    if (o.list_taps) { list_taps(&m, &s); zaya_state_free(&s); zaya_free(&m); return 0; }
+    int chat = !strcmp(o.mode, "chat");
+    if (!prompt && !chat) die("no prompt\n  hint: give -i \"text\" or --ids 2,818,..., or use -m chat");
+    if (chat && (prompt || o.dump_dir || o.trace_pos >= 0)) die("-m chat reads the user's messages from standard input: give no -i, --ids, --dump or --trace");
+    if (n_prompt > ctx) die("the prompt has %d tokens but the context holds %d\n  hint: raise --ctx (max %d)", n_prompt, ctx, c->max_position);
+
+    ZayaTrace trace = {0};    /* --trace: a second tap consumer (trace.c) */
+    if (o.trace_pos >= 0) {
+        if (zaya_trace_init(&trace, &m, o.trace_pos, o.trace_layer, prompt, n_prompt, o.skip_expert, stdout, err, sizeof err) != 0)
+            die("%s", err);
+        s.tap = zaya_trace_tap;
+        s.tap_ctx = &trace;
+    }
+    Dump dump = {0};
+    if (o.dump_dir) {
+        if (o.dump_filter) {
+            if (regcomp(&dump.filter, o.dump_filter, REG_EXTENDED | REG_NOSUB) != 0)
+                die("--dump-filter \"%s\" is not a valid POSIX extended regular expression", o.dump_filter);
+            dump.has_filter = 1;
+        }
+        s.tap = dump_tap;
+        s.tap_ctx = &dump;
+    }
+    /* never sample an id the tokenizer cannot print (the embedding has padding rows beyond it) */
+    int limit = m.tokenizer && m.tokenizer->n_tokens < c->vocab_size ? m.tokenizer->n_tokens : c->vocab_size;
+    Runner r = {&m, &s, &o, o.seed ? o.seed : 0x9E3779B97F4A7C15ull, NULL, limit, 0, 0, 0, 0};
+    r.scratch = malloc(sizeof(ProbIndex) * 2 * (size_t)c->vocab_size);
+    if (!r.scratch) die("out of memory");
+    if (chat) run_chat(&r);
+    else {
+        run_prompt(&r, prompt, n_prompt);
+        int last = -1;
+        if (o.steps > 0) {
+            s.tap = NULL;   /* dumps cover the prompt positions only */
+            generate_and_print(&r, o.steps, &last);
+            printf("\n");
+            fflush(stdout);   /* before the speed report on stderr */
+        }
+    }
+    if (o.dump_dir) {
+        zaya_state_taps(&m, &s, dump_state_tap, &dump);
+        write_dump(o.dump_dir, &dump, &m, o.model_path, o.skip_expert, prompt, n_prompt);
+        for (int i = 0; i < dump.n; i++) free(dump.t[i].data);
+        free(dump.t);
+        if (dump.has_filter) regfree(&dump.filter);
+    }
+    zaya_trace_free(&trace);
+    report_speed(&r, load_s);
+    free(r.scratch);
+    free(prompt);
+    zaya_state_free(&s);
+    zaya_free(&m);
+    return 0;
+}
