@@ -2,6 +2,7 @@
 # bench/bench.sh - end-to-end benchmark of zaya.c on a full-size checkpoint (not part of `make test`).
 #
 #   bench/bench.sh [CKPT] [--out DIR] [--dtype int8|bf16|both] [--threads "1 2"] [--rounds 3] [--reuse] [-n 64]
+#   bench/bench.sh [CKPT] --contention [--threads "1 2"] [--rounds 5] ...
 #
 # CKPT (default /work/big/zaya1-8b-native) is a hub-format folder, e.g. written by
 # bench/make_checkpoint.py. For each dtype it
@@ -18,7 +19,11 @@
 #       (bench/bytes_per_token.py), the ceiling = bandwidth / bytes per token and decode / ceiling,
 #   (e) prints a markdown table (also saved to OUT/results-DTYPE.md) next to the llama.cpp peer numbers.
 #
-# Environment: ZAYA=path of the engine (default ./zaya_omp if built with `make omp`, else ./zaya),
+# --contention: instead of (b)-(e), decode and prefill at each thread count with and without one busy
+#   competitor process (`sh -c 'while :; do :; done'`, started and stopped by this script around each
+#   run), alternating quiet and busy runs and the thread counts, ROUNDS times: a table of medians and
+#   ranges (also saved to OUT/contention-DTYPE.md) and each count's busy decode over 1 thread's.
+# Environment: ZAYA=path of the engine (default ./zaya),
 # PYTHON (python3), CC (cc). PEER_BENCH=path of llama.cpp's llama-bench and PEER_MODEL=a Q8_0 GGUF of
 # the same checkpoint: the int8 runs at each thread count are then followed, in the same window, by
 # `llama-bench -m PEER_MODEL -p NPROMPT -n NGEN -d 0,NPROMPT -t N -r 3 -mmp 0` (its pp at depth 0, its
@@ -34,6 +39,7 @@ OUT=/work/big/bench
 DTYPES="int8"
 THREADS="1 2"
 REUSE=0
+CONTENTION=0
 NGEN=64
 ROUNDS=3
 NPROMPT=128
@@ -56,6 +62,7 @@ while [ $# -gt 0 ]; do
         --dtype) [ $# -ge 2 ] || die "--dtype needs int8, bf16 or both"; DTYPES="$2"; shift 2 ;;
         --threads) [ $# -ge 2 ] || die "--threads needs a list"; THREADS="$2"; shift 2 ;;
         --reuse) REUSE=1; shift ;;
+        --contention) CONTENTION=1; shift ;;
         -n) [ $# -ge 2 ] || die "-n needs a number"; NGEN="$2"; shift 2 ;;
         --rounds) [ $# -ge 2 ] || die "--rounds needs a number"; ROUNDS="$2"; shift 2 ;;
         -*) die "unknown option $1 (see --help)" ;;
@@ -72,17 +79,12 @@ for t in $THREADS; do [[ "$t" =~ ^[1-9][0-9]*$ ]] || die "bad thread count '$t'"
 [[ "$NGEN" =~ ^[1-9][0-9]*$ ]] || die "-n must be a positive number (got $NGEN)"
 
 # ---------------------------------------------------------------- preconditions, with clear errors
-[ -x /usr/bin/time ] || die "/usr/bin/time (GNU time) is missing: apt-get install time"
+[ "$CONTENTION" = 1 ] || [ -x /usr/bin/time ] || die "/usr/bin/time (GNU time) is missing: apt-get install time"
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found"
 command -v "$CC" >/dev/null || die "C compiler $CC not found"
 [ -f "$REPO/export_weights.py" ] || die "$REPO/export_weights.py is missing"
-if [ -z "${ZAYA:-}" ]; then
-    if [ -x "$REPO/zaya_omp" ]; then ZAYA="$REPO/zaya_omp"
-    elif [ -x "$REPO/zaya" ]; then ZAYA="$REPO/zaya"
-    else die "no engine: build it first (cd $REPO && make && make omp) or set ZAYA=/path/to/zaya"
-    fi
-fi
-[ -x "$ZAYA" ] || die "engine $ZAYA is missing or not executable (cd $REPO && make omp)"
+ZAYA="${ZAYA:-$REPO/zaya}"
+[ -x "$ZAYA" ] || die "engine $ZAYA is missing or not executable (cd $REPO && make)"
 PEER=0
 if [ -n "${PEER_BENCH:-}${PEER_MODEL:-}" ]; then
     [ -x "${PEER_BENCH:-}" ] || die "PEER_BENCH='${PEER_BENCH:-}' is not an executable llama-bench"
@@ -92,11 +94,6 @@ if [ -n "${PEER_BENCH:-}${PEER_MODEL:-}" ]; then
     PEER_DEPTH=0 PEER_DEPTH_ARGS=()
     PEER_HELP="$("$PEER_BENCH" --help 2>&1 || true)"   # (not piped into grep -q: see the OpenMP check)
     if grep -q -- '--n-depth' <<<"$PEER_HELP"; then PEER_DEPTH="$NPROMPT" PEER_DEPTH_ARGS=(-d "0,$NPROMPT"); fi
-fi
-LIBS="$(ldd "$ZAYA" 2>/dev/null || true)"   # not piped into grep -q: ldd can die of SIGPIPE, a false warning under pipefail (seen once)
-if ! grep -q 'libgomp\|libomp' <<< "$LIBS"; then
-    note "warning: $ZAYA is not built with OpenMP: --threads is ignored, every row runs on 1 thread" \
-         "(build ./zaya_omp with 'make omp')"
 fi
 [ -d "$CKPT" ] || die "checkpoint folder $CKPT not found (make one: $PYTHON bench/make_checkpoint.py $CKPT)"
 [ -f "$CKPT/config.json" ] || die "$CKPT has no config.json"
@@ -118,7 +115,7 @@ IDS="$(awk -v n="$NPROMPT" 'BEGIN { x = 12345; s = "2";
     print s }')"
 
 LOAD="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
-# other processes on a 2-core machine ruin the 2-thread numbers (OpenMP threads wait on a busy core)
+# other processes on a 2-core machine make the 2-thread numbers low (--contention measures how much)
 # (ps %cpu = cpu time / lifetime of each process; anything above 20% that is not us counts)
 busy_list() {   # (processes younger than 2 s, such as this subshell, show a meaningless %cpu)
     ps -eo pcpu=,etimes=,pid=,comm= --sort=-pcpu 2>/dev/null \
@@ -148,6 +145,60 @@ bw_now() {   # read bandwidth at $1 threads now: best of 3 passes over a 2 GiB b
 DVR_BIN="$REPO/build/decode_vs_read"
 make -s -C "$REPO" CC="$CC" build/decode_vs_read >&2 || die "cannot build bench/decode_vs_read.c (make build/decode_vs_read)"
 case " ${ZAYA_FLAGS---hugepages} " in *" --hugepages "*) DVR_FLAGS="" ;; *) DVR_FLAGS="--no-hugepages" ;; esac
+
+# ---------------------------------------------------------------- --contention
+# one run: prints "prefill_tok/s decode_tok/s" of `ZAYA BLOB` at $2 threads; $3 = busy: with a competitor
+one_run() {
+    local blob="$1" t="$2" busy="$3" err="$OUT/contention-run.err" hog="" P D
+    if [ "$busy" = busy ]; then sh -c 'while :; do :; done' & hog=$!; sleep 0.2; fi
+    # shellcheck disable=SC2086   # ZAYA_FLAGS is a list of flags
+    "$ZAYA" "$blob" --ids "$IDS" -n "$NGEN" -t 0 --threads "$t" --print-ids ${ZAYA_FLAGS---hugepages} >/dev/null 2>"$err" \
+        || { [ -z "$hog" ] || kill "$hog"; tail -5 "$err" >&2; die "$ZAYA failed ($err)"; }
+    [ -z "$hog" ] || { kill "$hog"; wait "$hog" 2>/dev/null || true; }
+    P="$(sed -n 's/^prefill: [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$err" | tail -1)"
+    D="$(sed -n 's/^decode: [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$err" | tail -1)"
+    [ -n "$P" ] && [ -n "$D" ] || die "no prefill/decode lines from $ZAYA in $err"
+    echo "$P $D"
+}
+stats() {   # median (min-max) of the numbers on stdin
+    sort -g | awk '{ v[NR] = $1 } END { m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+        printf "%.2f (%.2f-%.2f)", m, v[1], v[NR] }'
+}
+contention() {
+    local dt="$1" blob="$2" t c r res="$OUT/contention-$1.md" key
+    declare -A CP CD
+    for r in $(seq "$ROUNDS"); do
+        for t in $THREADS; do
+            for c in quiet busy; do
+                note "contention round $r/$ROUNDS: $t thread(s), $c ..."
+                read -r P D < <(one_run "$blob" "$t" "$c")
+                CP[$t,$c]+="$P "; CD[$t,$c]+="$D "
+                note "  prefill $P tok/s, decode $D tok/s"
+            done
+        done
+    done
+    {
+        echo "### zaya.c $COMMIT, $dt blob, contention, $(date -u '+%Y-%m-%d %H:%M UTC')"
+        echo
+        echo "Machine: $CPU, $NCPU cpus, $MEM. Prompt $NPROMPT ids, $NGEN greedy tokens, $ROUNDS rounds; busy = one"
+        echo "competitor process spinning on a core for the whole run. Median (min-max) over the rounds."
+        echo
+        echo "| threads | condition | prefill tok/s | decode tok/s | decode / 1 thread's, same condition (medians) |"
+        echo "| ---: | --- | ---: | ---: | ---: |"
+        local first="${THREADS%% *}"
+        for t in $THREADS; do
+            for c in quiet busy; do
+                key="$t,$c"
+                echo "| $t | $c | $(tr ' ' '\n' <<<"${CP[$key]}" | grep . | stats) | $(tr ' ' '\n' <<<"${CD[$key]}" | grep . | stats) |" \
+                     "$(awk -v a="$(tr ' ' '\n' <<<"${CD[$key]}" | grep . | stats | cut -d' ' -f1)" \
+                            -v b="$(tr ' ' '\n' <<<"${CD[$first,$c]}" | grep . | stats | cut -d' ' -f1)" 'BEGIN { printf "%.2f", a / b }') |"
+            done
+        done
+        echo
+        for t in $THREADS; do for c in quiet busy; do echo "Runs at $t thread(s), $c, in order: decode ${CD[$t,$c]}; prefill ${CP[$t,$c]}."; done; done
+    } | tee "$res"
+    note "saved $res"
+}
 
 # ---------------------------------------------------------------- per dtype
 for DT in $DTYPES; do
@@ -183,6 +234,8 @@ for DT in $DTYPES; do
     cat "$BLOB" >/dev/null || die "cannot read $BLOB"
     "$ZAYA" "$BLOB" --ids 2 -n 1 -t 0 --print-ids >/dev/null 2>"$OUT/warmup-$DT.log" || {
         tail -5 "$OUT/warmup-$DT.log" >&2; die "$ZAYA failed on $BLOB (log: $OUT/warmup-$DT.log)"; }
+
+    if [ "$CONTENTION" = 1 ]; then contention "$DT" "$BLOB"; continue; fi
 
     # (c) the runs
     declare -A PRE DEC DECS LOADS RSS RUNBUSY BW BWS RATIOS PEER_PRE PEER_DEC PAIRED

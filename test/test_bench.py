@@ -7,11 +7,13 @@ bytes independently: one from the loaded model's tensors, one from the blob's te
 Checked on the public fixture at fp32, bf16 and int8, and on an odd-dimension checkpoint from
 bench/make_checkpoint.py (hidden 50, 5 experts, expert width 27: int8 groups that do not fill a
 block); at 1 and 2 threads; its --profile table (rows that add up, the step's tap pairs in order);
-plus its usage and error exits. Needs build/decode_vs_read (make test).
+plus its usage and error exits. Needs build/decode_vs_read (make test). And bench/bench.sh --contention
+runs on the public fixture (one round, one token: the code path, not its speed).
 """
 import os
 import re
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BUILD, ROOT, check, finish, need_fixtures, run  # noqa: E402
@@ -99,6 +101,14 @@ def main():
             paired("odd int8", blob, 1, steps=5)
             paired("odd int8", blob, 2, steps=5)
             profiled("odd int8", blob, 1)
+
+    with tempfile.TemporaryDirectory() as out_dir:   # bench.sh keeps its blobs out of the repository
+        rc, out, err = run(["bash", "bench/bench.sh", ckpt, "--contention", "--rounds", "1", "-n", "1", "--threads", "1 2",
+                            "--out", out_dir], env=dict(os.environ, ZAYA=os.path.join(ROOT, "zaya")))
+        rows = [ln for ln in out.splitlines() if re.match(r"^\| [12] \| (quiet|busy) \| [0-9.]+ \(", ln)]
+        check(rc == 0 and len(rows) == 4 and os.path.exists(os.path.join(out_dir, "contention-int8.md")),
+              "bench.sh --contention: a row per thread count and condition (1 round, 1 token, public fixture)",
+              f"exit {rc}, {len(rows)} rows; {out[-600:]!r} {err[-600:]!r}")
 
     rc, out, err = run([EXE])
     check(rc == 2 and "usage" in err, "no arguments: usage, exit 2", f"exit {rc}, {err.strip()[:200]!r}")
