@@ -49,12 +49,6 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 
-/* Exact GELU (torch.nn.functional.gelu, approximate="none"): x * 0.5 * (1 + erf(x / sqrt(2))). */
-static float gelu(float x) { return x * 0.5f * (1.0f + erff(x * 0.70710678118654752440f)); }
-
-/* SiLU(x) = x * sigmoid(x) (torch.nn.functional.silu). */
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-
 /* (branch + hb) * hs + (residual + rb) * rs, into residual (HF ZayaResidualScaling.forward). */
 static void residual_scale(float *residual, const float *branch, const ZayaResidualScale *p, int n) {
     for (int i = 0; i < n; i++)
@@ -600,12 +594,11 @@ int zaya_state_threads(const ZayaState *s) { return kernels_threads(s->kernels);
  * ------------------------------------------------------------------------------------------- */
 
 static void tap(ZayaState *s, int layer, int pos, const char *name, const void *data, int ndim, int d0, int d1) {
-    if (!s->tap) return;
     ZayaTap t = {name, layer, pos, 0, ndim, {d0, d1}, data, 0};
     s->tap(s->tap_ctx, &t);
 }
-#define TAP(name, data, n) tap(s, layer, pos, name, data, 1, n, 0)              /* a row [n] */
-#define TAP2(name, data, n0, n1) tap(s, layer, pos, name, data, 2, n0, n1)     /* a row [n0, n1] */
+#define TAP(name, data, n) do { if (s->tap) tap(s, layer, pos, name, data, 1, n, 0); } while (0)          /* [n] */
+#define TAP2(name, data, n0, n1) do { if (s->tap) tap(s, layer, pos, name, data, 2, n0, n1); } while (0) /* [n0, n1] */
 
 /* arch §3.4: the two causal convolutions of one token over [u_{t-K} .. u_t] (the conv state, then
  * u_t = [q_tilde ; k_tilde]); K = (t0-1) + (t1-1). Writes z_t [C] and a_t [C] (for its tap) and
@@ -790,7 +783,7 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
             float *at = a + (size_t)t * R;
             for (int i = 0; i < R; i++) at[i] += L->router_fc1_bias[i];
             TAP("mlp.gate.router_mlp.fc1", at, R);
-            for (int i = 0; i < R; i++) at[i] = gelu(at[i]);
+            for (int i = 0; i < R; i++) at[i] = at[i] * 0.5f * (1.0f + erff(at[i] * 0.70710678118654752440f));   /* exact GELU */
         }
         matmul(k, b, R, &L->router_fc2, a, R, n);                                /* router_mlp.fc2, GELU */
         for (int t = 0; t < n; t++) {
@@ -798,7 +791,7 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
             float *bt = b + (size_t)t * R;
             for (int i = 0; i < R; i++) bt[i] += L->router_fc2_bias[i];
             TAP("mlp.gate.router_mlp.fc2", bt, R);
-            for (int i = 0; i < R; i++) bt[i] = gelu(bt[i]);
+            for (int i = 0; i < R; i++) bt[i] = bt[i] * 0.5f * (1.0f + erff(bt[i] * 0.70710678118654752440f));
         }
         matmul(k, s->router_logits, E + 1, &L->router_out_proj, b, R, n);        /* router_mlp.out_proj */
         for (int t = 0; t < n; t++) {
@@ -836,7 +829,7 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
             matmul(k, s->expert_hidden, 2 * I, &gate_up, s->expert_in, H, cnt);  /* [gate ; up] */
             for (int j = 0; j < cnt; j++) {
                 float *gate = s->expert_hidden + (size_t)j * 2 * I, *up = gate + I;
-                for (int i = 0; i < I; i++) gate[i] = silu(gate[i]) * up[i];
+                for (int i = 0; i < I; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];   /* SiLU(gate) * up */
             }
             matmul(k, s->expert_out, H, &down, s->expert_hidden, 2 * I, cnt);     /* down_proj(SiLU(gate) * up) */
             for (int j = 0; j < cnt; j++)                                        /* y = weight * down(...) */
