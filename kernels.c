@@ -131,8 +131,8 @@ static int q16_scale(const float *xg, int group, float *xs, float *inv) {
     return 1;
 }
 
-/* Rounds half away from zero (|v| <= 32767 here). copysignf, not a test of the sign: gcc made that a
- * branch, which the random signs of activations mispredict (2.2 -> 0.5-1 us per 512 values). */
+/* Rounds half away from zero (|v| <= 32767 here). copysignf, not a test of the sign: gcc makes that a
+ * branch, which the random signs of activations mispredict. */
 static int16_t q16_round(float v) { return (int16_t)(v + copysignf(0.5f, v)); }
 
 /* Group g of the n values x[0..n). In a block of 8 groups, values 2j and 2j+1 of group k are stored

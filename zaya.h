@@ -57,8 +57,7 @@ typedef struct {
     unsigned char layer_types[ZAYA_MAX_LAYERS];
 } ZayaConfig;
 
-/* Rows per group of interleaved int8 rows (ZayaMatrix.interleaved_rows): pairs. Fours were not
- * clearly faster in decode on the Zen 4 VM and slowed prefill (bench/README.md). */
+/* Rows per group of interleaved int8 rows (ZayaMatrix.interleaved_rows; kernels.c): pairs. */
 #define ZAYA_Q8_INTERLEAVE 2
 
 /* A weight matrix [rows, cols] (PyTorch [out, in]) in any blob dtype. */
