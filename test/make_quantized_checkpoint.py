@@ -18,7 +18,8 @@ compressed-tensors quantization_config, and SRC's other files (tokenizer).
          rounded to a power of two as compressed-tensors' round_to_power_2 does (bf16 bits + 32, mantissa
          dropped), exponent = that power - 2 (E2M1's largest value is 6 = 1.5 x 2^2), q = E2M1 rounding of
          clamp(w / 2^exponent, +-6) with compressed-tensors' cast_to_fp4 thresholds.
---names chooses how the expert modules are named (docs/quantized-experts.md, 'names'): 'stacked'
+A legacy SRC (one tensor per expert, '...local_experts.e.linear_fc1.weight') keeps its per-expert modules.
+--names chooses how the native expert modules are named (docs/quantized-experts.md, 'names'): 'stacked'
 (model.layers.i.mlp.experts.gate_up_proj.weight [E, 2I, H], the layout ports report), 'per-expert'
 (...experts.e.gate_up_proj.weight [2I, H]) or 'split' (...experts.e.gate_proj / up_proj / down_proj).
 --dequantized-out DIR also writes SRC with its experts replaced by the bf16 values this script's own
@@ -34,6 +35,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import struct
 import sys
@@ -263,7 +265,8 @@ def make(src, out, fmt, names="stacked", scale_dtype="bf16", dequantized_out=Non
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
     ck = read_checkpoint(src)
-    is_expert = lambda n: n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"))  # noqa: E731
+    legacy = lambda n: re.search(r"\.local_experts\.\d+\.linear_fc[12]\.weight$", n)  # noqa: E731
+    is_expert = lambda n: n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")) or legacy(n)  # noqa: E731
     E = cfg["num_experts"]
     specs, dq_specs, jobs = [], [], []
     for name in sorted(ck, key=lambda n: ck[n][3:] if ck[n][0] == ck[sorted(ck)[0]][0] else (ck[n][0], ck[n][3])):
@@ -273,15 +276,16 @@ def make(src, out, fmt, names="stacked", scale_dtype="bf16", dequantized_out=Non
             specs.append((name, dtype, shape))
             jobs.append((name, None))
             continue
-        if dtype != "BF16" or len(shape) != 3 or shape[0] != E:
+        if dtype != "BF16" or len(shape) != (2 if legacy(name) else 3) or (not legacy(name) and shape[0] != E):
             sys.exit(f"make_quantized_checkpoint.py: {name} is {dtype} {shape}, expected BF16 [E, rows, cols]")
-        R, C = shape[1], shape[2]
+        R, C = shape[-2], shape[-1]
         if fmt == "mxfp4" and C % GROUP:
             sys.exit(f"make_quantized_checkpoint.py: {name} has rows of {C}: MXFP4 needs a multiple of {GROUP}")
-        mods = expert_modules(name, shape, names)
+        stacked = names == "stacked" and not legacy(name)
+        mods = [(name[:-len(".weight")], 0, R)] if legacy(name) else expert_modules(name, shape, names)
         for module, _, rows in mods:
-            lead = [E] if names == "stacked" else []
-            r = rows // E if names == "stacked" else rows
+            lead = [E] if stacked else []
+            r = rows // E if stacked else rows
             if fmt == "fp8":
                 specs += [(module + ".weight", "F8_E4M3", lead + [r, C]),
                           (module + ".weight_scale", {"bf16": "BF16", "f16": "F16", "f32": "F32"}[scale_dtype], lead + [r, 1])]
@@ -314,7 +318,7 @@ def make(src, out, fmt, names="stacked", scale_dtype="bf16", dequantized_out=Non
             w.write(data)
             by_name[name] = data
             continue
-        _, _, (E_, R, C), _, _ = ck[name]
+        C = ck[name][2][-1]
         parts = {}
         for module, first, rows in mods:
             if random_experts:
