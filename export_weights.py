@@ -782,8 +782,8 @@ def fp8_e4m3_value(code):
 
 
 def bf16_bits_of(x, where):
-    """bf16 bits of a float: first rounded to float32, then float32 -> bf16 round-to-nearest-even,
-    the two roundings torch does for fp32_tensor.to(torch.bfloat16) after an fp32 product."""
+    """bf16 bits of a float (an exact product here): rounded to float32, then to bf16 with
+    round-to-nearest-even, as torch rounds a float32 result to bfloat16."""
     try:
         b = struct.unpack("<I", struct.pack("<f", x))[0]
     except OverflowError:
@@ -798,16 +798,26 @@ def bf16_bits_of(x, where):
 _fp8_tables = {}
 
 
-def fp8_row_table(scale, where):
-    """bf16 bytes of fp8(code) x scale for the 256 codes (None for the two NaN codes): the official
-    dequantization, w = bf16(float32(fp8 x scale)) (docs/quantized-experts.md, 'dequantization')."""
-    t = _fp8_tables.get(scale)
+def fp8_row_table(scale, sdtype, where):
+    """The 256 codes' dequantized values fp8(code) x scale as stored bytes of the scale's dtype (None
+    for the two NaN codes): compressed-tensors' dequantize computes x_q.to(scale.dtype) * scale, so the
+    exact product is rounded once to the scale's dtype (docs/quantized-experts.md, 'dequantization')."""
+    t = _fp8_tables.get((scale, sdtype))
     if t is None:
         if len(_fp8_tables) > 65536:
             _fp8_tables.clear()
-        t = [None if code & 0x7F == 0x7F else struct.pack("<H", bf16_bits_of(fp8_e4m3_value(code) * scale, where))
-             for code in range(256)]
-        _fp8_tables[scale] = t
+        t = [None] * 256
+        for code in range(256):
+            if code & 0x7F == 0x7F:
+                continue
+            x = fp8_e4m3_value(code) * scale        # exact: at most 4 + 24 significant bits
+            try:
+                t[code] = (struct.pack("<H", bf16_bits_of(x, where)) if sdtype == "BF16" else
+                           struct.pack("<e" if sdtype == "F16" else "<f", x))
+            except OverflowError:
+                fail(f"a dequantized expert weight overflows {sdtype}", where, f"a finite {sdtype} number", x,
+                     "the checkpoint's scales are corrupt")
+        _fp8_tables[(scale, sdtype)] = t
     return t
 
 
@@ -846,18 +856,21 @@ class DequantizedExperts:
         self.scheme, self.path = scheme, f"({scheme} experts, dequantized)"
         self.tensors, self.pieces = {}, {}
 
-    def add(self, name, shape, pieces):
-        """pieces: [(module, values SafetensorsFile, scales SafetensorsFile, rows)] in row order."""
+    def add(self, name, shape, pieces, dtype):
+        """pieces: [(module, values SafetensorsFile, scales SafetensorsFile, rows)] in row order;
+        dtype: what the official dequantization yields (MXFP4: BF16; FP8: the scales' dtype)."""
         numel = 1
         for d in shape:
             numel *= d
-        self.tensors[name] = ("BF16", tuple(shape), 0, 2 * numel)
+        self.tensors[name] = (dtype, tuple(shape), 0, ST_DTYPE_SIZE[dtype] * numel)
         self.pieces[name] = pieces
 
     def read(self, name, begin, end):
-        cols = self.tensors[name][1][-1]
-        end = min(end, self.tensors[name][3])
-        r0, r1 = begin // (2 * cols), -(-end // (2 * cols))
+        dtype, shape, _, stop = self.tensors[name]
+        rb = ST_DTYPE_SIZE[dtype] * shape[-1]          # bytes per row
+        cols = shape[-1]
+        end = min(end, stop)
+        r0, r1 = begin // rb, -(-end // rb)
         out, first = [], 0
         for module, sv, ss, rows in self.pieces[name]:
             a, b = max(r0, first), min(r1, first + rows)
@@ -865,10 +878,11 @@ class DequantizedExperts:
                 out.append(self.dequantize_rows(module, sv, ss, a - first, b - first, cols))
             first += rows
         data = b"".join(out)
-        return data[begin - 2 * cols * r0:end - 2 * cols * r0]
+        return data[begin - rb * r0:end - rb * r0]
 
     def dequantize_rows(self, module, sv, ss, a, b, cols):
-        """bf16 bytes of rows a..b-1 of one quantized module (a stacked module's rows run across experts)."""
+        """Dequantized bytes of rows a..b-1 of one quantized module (a stacked module's rows run across
+        experts): bf16 for MXFP4, the scales' dtype for FP8."""
         where = f"{sv.path}: {module}"
         rows = []
         if self.scheme == "fp8":
@@ -884,7 +898,7 @@ class DequantizedExperts:
                 if b"\x7f" in row or b"\xff" in row:
                     fail("an FP8 E4M3 weight is NaN (byte 0x7f or 0xff)", f"{where}.weight row {a + r}",
                          hint="the checkpoint is corrupt")
-                rows.append(b"".join(map(fp8_row_table(s, where).__getitem__, row)))
+                rows.append(b"".join(map(fp8_row_table(s, sdt, where).__getitem__, row)))
         else:
             vname, sname = module + ".weight_packed", module + ".weight_scale"
             half, groups = cols // 2, cols // MX_GROUP
@@ -1016,7 +1030,7 @@ def quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log):
     if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
         fail("quantization_config.ignore is not a list of strings", f"{cfg_path}: quantization_config.ignore",
              "a list of module names or 're:' patterns", repr(ignore)[:200])
-    dq, used, kinds = DequantizedExperts(scheme), set(), set()
+    dq, used, kinds, sdtypes = DequantizedExperts(scheme), set(), set(), {}
     new = dict(where)
     E = c["num_experts"]
     for i in range(c["num_hidden_layers"]):
@@ -1036,11 +1050,16 @@ def quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log):
                 names = check_quantized_module(where, scheme, module, rows, cols, E if kind == "stacked" else 0)
                 used.update(names)
                 pieces.append((module, where[names[0]], where[names[1]], rows))
+                sdtypes.setdefault(where[names[1]].tensors[names[1]][0], names[1])
+            if scheme == "fp8" and len(sdtypes) > 1:
+                fail("FP8 row scales of different dtypes", " and ".join(sorted(sdtypes.values())), "one dtype",
+                     sorted(sdtypes), "the official dequantization's result has the scale's dtype")
+            dtype = "BF16" if scheme == "mxfp4" else next(iter(sdtypes))
             if layout == "native":
-                dq.add(f"model.layers.{i}.mlp.experts.{proj}", (E, pieces[0][3] * len(pieces) // E, cols), pieces)
+                dq.add(f"model.layers.{i}.mlp.experts.{proj}", (E, pieces[0][3] * len(pieces) // E, cols), pieces, dtype)
             else:
                 for e, piece in enumerate(pieces):
-                    dq.add(piece[0] + ".weight", (piece[3], cols), [piece])
+                    dq.add(piece[0] + ".weight", (piece[3], cols), [piece], dtype)
     for n in sorted(where):
         if n not in used and where[n].tensors[n][0] in QUANT_ST_DTYPE_SIZE:
             fail("a quantized tensor outside the experts", f"{where[n].path}: tensor {n}", "BF16 (only expert "
@@ -1050,13 +1069,14 @@ def quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log):
     if keep_quantized:
         fail("native FP8 / MXFP4 expert storage is not yet supported by this engine", "--keep-quantized-experts",
              "no --keep-quantized-experts", "--keep-quantized-experts",
-             "export without it: the experts are dequantized to bf16 exactly as the official code does "
+             "export without it: the experts are dequantized exactly as the official code does "
              "(docs/quantized-experts.md); the proposed blob dtypes are in docs/blob-format.md")
     for n in used:
         del new[n]
     new.update({n: dq for n in dq.tensors})
-    log(f"quantized experts: {scheme} ({' and '.join(sorted(kinds))} modules, {len(used)} tensors), dequantized to bf16 as the "
-        "official code does (docs/quantized-experts.md)")
+    out_dtype = "bf16" if scheme == "mxfp4" else {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}[next(iter(sdtypes))]
+    log(f"quantized experts: {scheme} ({' and '.join(sorted(kinds))} modules, {len(used)} tensors), dequantized to "
+        f"{out_dtype} as the official code does (docs/quantized-experts.md)")
     return new
 
 
@@ -1070,7 +1090,8 @@ BLOB_V2_DTYPE_CODES = {"fp8_e4m3_rows": 3, "mxfp4": 4}
 
 def pack_blob_fp8_rows(values, scales):
     """Proposed dtype 3: the E4M3FN bytes row-major, zero-padded to 64 bytes, then one fp32 scale per
-    row (a bf16 / fp16 checkpoint scale widens exactly)."""
+    row (a bf16 / fp16 checkpoint scale widens exactly); the directory entry records the checkpoint
+    scale's dtype, to which each product is rounded."""
     return bytes(values) + b"\0" * (align(len(values), ALIGN) - len(values)) + struct.pack(f"<{len(scales)}f", *scales)
 
 

@@ -22,8 +22,9 @@ A legacy SRC (one tensor per expert, '...local_experts.e.linear_fc1.weight') kee
 --names chooses how the native expert modules are named (docs/quantized-experts.md, 'names'): 'stacked'
 (model.layers.i.mlp.experts.gate_up_proj.weight [E, 2I, H], the layout ports report), 'per-expert'
 (...experts.e.gate_up_proj.weight [2I, H]) or 'split' (...experts.e.gate_proj / up_proj / down_proj).
---dequantized-out DIR also writes SRC with its experts replaced by the bf16 values this script's own
-unpacking gives (the checkpoint the official code would materialise), for exact comparisons.
+--dequantized-out DIR also writes SRC with its experts replaced by the values this script's own
+unpacking gives (the weights the official code materialises: MXFP4 exactly in bf16; FP8 as the exact
+product rounded to the scale's dtype, so the twin's expert tensors are F16 / F32 for such scales).
 --random-experts does not quantize SRC's experts: it writes random codes (no NaN, plausible scales),
 streaming, for full-size benchmark checkpoints (a full-size run quantizing 8 G values in Python would
 take hours).
@@ -147,8 +148,7 @@ def quantize_fp8(w, cols, scale_dtype):
         row = w[r * cols:(r + 1) * cols]
         s = max(abs(x) for x in row) / FP8_MAX
         s = max(s, 2.0 ** -23)                    # an all-zero row: compressed-tensors clamps to eps
-        s = {"bf16": bf16_round, "f32": lambda v: struct.unpack("<f", struct.pack("<f", v))[0],
-             "f16": lambda v: struct.unpack("<e", struct.pack("<e", v))[0]}[scale_dtype](s)
+        s = ROUND[scale_dtype](s)
         scales.append(s)
         for j, x in enumerate(row):
             y = max(-FP8_MAX, min(FP8_MAX, bf16_round(x / s)))
@@ -158,9 +158,22 @@ def quantize_fp8(w, cols, scale_dtype):
     return bytes(codes), raw, scales
 
 
-def dequantize_fp8(codes, scales, cols):
-    """bf16 values the official code materialises: bf16(float32(e4m3 x scale))."""
-    return [bf16_round(fp8_decode(c) * scales[i // cols]) for i, c in enumerate(codes)]
+ROUND = {"bf16": bf16_round, "f32": lambda v: struct.unpack("<f", struct.pack("<f", v))[0],
+         "f16": lambda v: struct.unpack("<e", struct.pack("<e", v))[0]}
+
+
+def dequantize_fp8(codes, scales, cols, scale_dtype="bf16"):
+    """The values the official code materialises: compressed-tensors' x_q.to(scale.dtype) * scale,
+    the exact product rounded once to the scale's dtype."""
+    r = ROUND[scale_dtype]
+    return [r(fp8_decode(c) * scales[i // cols]) for i, c in enumerate(codes)]
+
+
+def pack_values(values, dtype):
+    """Floats already representable in dtype -> its little-endian bytes."""
+    if dtype == "BF16":
+        return bf16_bytes(values)
+    return struct.pack(f"<{len(values)}{'f' if dtype == 'F32' else 'e'}", *values)
 
 
 def quantize_mxfp4(w, cols):
@@ -271,7 +284,8 @@ def make(src, out, fmt, names="stacked", scale_dtype="bf16", dequantized_out=Non
     specs, dq_specs, jobs = [], [], []
     for name in sorted(ck, key=lambda n: ck[n][3:] if ck[n][0] == ck[sorted(ck)[0]][0] else (ck[n][0], ck[n][3])):
         _, dtype, shape, _, _ = ck[name]
-        dq_specs.append((name, dtype, shape))
+        twin = {"bf16": "BF16", "f16": "F16", "f32": "F32"}[scale_dtype] if fmt == "fp8" and is_expert(name) else dtype
+        dq_specs.append((name, twin, shape))
         if not is_expert(name):
             specs.append((name, dtype, shape))
             jobs.append((name, None))
@@ -334,8 +348,8 @@ def make(src, out, fmt, names="stacked", scale_dtype="bf16", dequantized_out=Non
             deq = []
             for module, _, _ in mods:
                 p = parts[module]
-                deq += dequantize_fp8(p[0], p[2], C) if fmt == "fp8" else dequantize_mxfp4(p[0], p[1])
-            by_name[name] = bf16_bytes(deq)
+                deq += dequantize_fp8(p[0], p[2], C, scale_dtype) if fmt == "fp8" else dequantize_mxfp4(p[0], p[1])
+            by_name[name] = pack_values(deq, "BF16" if fmt == "mxfp4" else {"bf16": "BF16", "f16": "F16", "f32": "F32"}[scale_dtype])
         if not quiet:
             print(f"  {name}: {fmt} ({len(mods)} module{'s' if len(mods) > 1 else ''})", flush=True)
     w.close()

@@ -112,14 +112,23 @@ def main():
                        "--quiet"], f"{name}: make_quantized_checkpoint.py")
         if not ok:
             continue
+        # FP8 with f32 / f16 row scales dequantizes to f32 / f16 values, which a bf16 blob cannot hold
+        wide = "--scale-dtype" in flags
+        main_dtype = "fp32" if wide else "bf16"
         for dtype in ("bf16", "fp32", "int8"):
             qb, db = os.path.join(OUT, f"q_{name}_{dtype}.bin"), os.path.join(OUT, f"dq_{name}_{dtype}.bin")
             rc1, out1, err1 = export(q, qb, "--dtype", dtype)
             rc2, _, err2 = export(dq, db, "--dtype", dtype)
+            if wide and dtype == "bf16":
+                refused = "bf16 cannot hold exactly"
+                check(rc1 == 1 and rc2 == 1 and refused in err1 and refused in err2, f"{name}: --dtype bf16 is refused "
+                      "for both (the official weights are the exact products rounded to the scale's dtype)",
+                      f"exit {rc1} / {rc2}: {(err1 + err2).strip()[-300:]}")
+                continue
             if not check(rc1 == 0 and rc2 == 0, f"{name}: --dtype {dtype} exports of the quantized checkpoint and its "
                          "dequantized twin", (err1 or err2).strip()[-500:]):
                 continue
-            if dtype == "bf16":
+            if dtype == main_dtype:
                 check("quantized experts: " + flags[1] in out1, f"{name}: the exporter says it recognised {flags[1]} experts",
                       out1[:300])
             a, b = ew_tensors(qb), ew_tensors(db)
@@ -128,13 +137,13 @@ def main():
                   "dequantized twin's (the exporter dequantizes exactly as the official code does)",
                   f"{len(diff)} differ, first {diff[:3]}")
             blobs[(name, dtype)] = qb
-        qb, db = os.path.join(OUT, f"q_{name}_bf16.bin"), os.path.join(OUT, f"dq_{name}_bf16.bin")
-        if (name, "bf16") not in blobs:
+        qb, db = os.path.join(OUT, f"q_{name}_{main_dtype}.bin"), os.path.join(OUT, f"dq_{name}_{main_dtype}.bin")
+        if (name, main_dtype) not in blobs:
             continue
         la, erra = zaya_logits(qb, os.path.join(OUT, f"q_{name}_dump"))
         lb, errb = zaya_logits(db, os.path.join(OUT, f"dq_{name}_dump"))
-        check(la is not None and la == lb, f"{name}: ./zaya logits on the quantized export equal those on the "
-              "dequantized bf16 checkpoint bit for bit", (erra or errb).strip()[-300:])
+        check(la is not None and la == lb, f"{name}: ./zaya logits on the quantized checkpoint's {main_dtype} export "
+              "equal those on the dequantized twin's bit for bit", (erra or errb).strip()[-300:])
         check(la is not None and base_logits is not None and la != base_logits,
               f"{name}: the experts are used (logits differ from the unquantized model's)")
         ga, gb = greedy(qb), greedy(db)
@@ -181,7 +190,7 @@ def proposed_blob_dtypes():
     vals_end = ew.align(rows * cols, ew.ALIGN)
     got_scales = struct.unpack_from(f"<{rows}f", blob, vals_end)
     ok = len(blob) == vals_end + 4 * rows and blob[:rows * cols] == codes and list(got_scales) == scales
-    want = b"".join(b"".join(map(ew.fp8_row_table(s, "test").__getitem__, codes[r * cols:(r + 1) * cols]))
+    want = b"".join(b"".join(map(ew.fp8_row_table(s, "BF16", "test").__getitem__, codes[r * cols:(r + 1) * cols]))
                     for r, s in enumerate(scales))
     mine = mq.bf16_bytes([mq.bf16_round(mq.fp8_decode(blob[i]) * got_scales[i // cols]) for i in range(rows * cols)])
     check(ok and mine == want, "proposed dtype fp8_e4m3_rows: values, padding to 64, fp32 row scales; unpacks to the "
