@@ -2,7 +2,7 @@
 """export_weights.py - turn a Hugging Face ZAYA1 checkpoint folder into one zaya.c model blob.
 
     python3 export_weights.py CKPT_DIR OUT.bin [--dtype fp32|bf16|int8] [--group-size 64]
-                              [--chat-format auto|chatml|gemma|none]
+                              [--chat-format auto|chatml|gemma|none] [--keep-quantized-experts]
 
 CKPT_DIR is a folder as published on the hub: config.json, model.safetensors (or sharded
 model-0000N-of-0000M.safetensors + model.safetensors.index.json), tokenizer.json and
@@ -10,6 +10,10 @@ tokenizer_config.json. Both hub layouts are accepted and give the same blob:
   native  (Zyphra/ZAYA1-8B, transformers' ZayaForCausalLM): 40 hybrid layers;
   legacy  (Zyphra/ZAYA1-8B-legacy, Zyphra's fork): 80 half-layers, renamed to native names here
           (docs/architecture.md section 2.4; the engine knows one layout only).
+
+Quantized expert checkpoints (Zyphra's FP8-Experts / MXFP4-Experts, compressed-tensors
+`quantization_config`) are recognised and their experts dequantized exactly as the official code does
+(docs/quantized-experts.md); storing them natively (--keep-quantized-experts) is not supported yet.
 
 The blob layout is described in docs/blob-format.md and mirrored by zaya.c (ZayaFileHeader).
 Python standard library only. Tensors are streamed in chunks, so peak memory stays far below the

@@ -220,6 +220,13 @@ def read_bytes(entry, begin=0, end=None):
         return f.read((e - b if end is None else end) - begin)
 
 
+def copy_tensor(entry, w, chunk=1 << 24):
+    """Streams one tensor's bytes from its shard to a writer, 16 MB at a time."""
+    size = entry[4] - entry[3]
+    for b in range(0, size, chunk):
+        w.write(read_bytes(entry, b, min(size, b + chunk)))
+
+
 class SafetensorsWriter:
     """Header first (every name, dtype and shape known up front), then the data streamed in order."""
 
@@ -328,9 +335,7 @@ def make(src, out, fmt, names="stacked", scale_dtype="bf16", dequantized_out=Non
     by_name = {}
     for name, mods in jobs:
         if mods is None:
-            data = read_bytes(ck[name])
-            w.write(data)
-            by_name[name] = data
+            copy_tensor(ck[name], w)
             continue
         C = ck[name][2][-1]
         parts = {}
@@ -355,7 +360,10 @@ def make(src, out, fmt, names="stacked", scale_dtype="bf16", dequantized_out=Non
     w.close()
     if dq is not None:
         for name, _, _ in dq_specs:
-            dq.write(by_name[name])
+            if name in by_name:
+                dq.write(by_name[name])
+            else:
+                copy_tensor(ck[name], dq)
         dq.close()
 
 
@@ -364,14 +372,18 @@ def random_module(rng, fmt, rows, cols, scale_dtype):
     n = rows * cols
     if fmt == "fp8":
         # exponent field at most 7 (|code value| < 2): byte & 0xBF; NaN codes cannot occur
-        codes = rng.randbytes(n).translate(bytes(b & 0xBF for b in range(256)))
+        codes = random_bytes(rng, n).translate(bytes(b & 0xBF for b in range(256)))
         s = 0.5 / cols ** 0.5
         scales = [s] * rows
         raw = (bf16_bytes(scales) if scale_dtype == "bf16" else
                struct.pack(f"<{rows}{'f' if scale_dtype == 'f32' else 'e'}", *scales))
         return codes, raw, scales
     e = max(1, min(254, 127 + round(math.log2(0.5 / cols ** 0.5))))
-    return rng.randbytes(n // 2), bytes([e]) * (n // GROUP)
+    return random_bytes(rng, n // 2), bytes([e]) * (n // GROUP)
+
+
+def random_bytes(rng, n, chunk=1 << 24):
+    return b"".join(rng.randbytes(min(chunk, n - i)) for i in range(0, n, chunk))
 
 
 # ----------------------------------------------------------------------------------------------

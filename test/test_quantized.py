@@ -15,6 +15,7 @@ materialises). Checked:
 - ./zaya on both blobs: the same logits bit for bit and the same greedy tokens; the experts matter
   (the logits differ from the unquantized model's);
 - the proposed native blob dtypes (docs/blob-format.md, version 2) unpack to the same bf16 values;
+- the generator's --random-experts (benchmark) mode gives checkpoints that export and generate;
 - refusals: each malformed checkpoint is refused with one message naming the tensor or config key,
   expected and found, exit status 1 and no traceback.
 """
@@ -159,6 +160,16 @@ def main():
         a, b = ew_tensors(fp8a), ew_tensors(fp8b)
         n = "model.layers.1.mlp.experts.down_proj"
         check(a[n] == ew.bf16_to_f32(b[n]), "fp8: the fp32 export holds the bf16 dequantized weights widened exactly")
+
+    # the benchmark mode: random codes instead of quantized weights, exported and run
+    for fmt in ("fp8", "mxfp4"):
+        r, rb = os.path.join(OUT, f"random_{fmt}"), os.path.join(OUT, f"random_{fmt}.bin")
+        ok, _, _ = sh(["python3", "test/make_quantized_checkpoint.py", base["native"], r, "--format", fmt,
+                       "--random-experts", "--seed", "4", "--quiet"], f"{fmt}: --random-experts checkpoint")
+        if ok and sh(["python3", "export_weights.py", r, rb, "--chat-format", "none", "--dtype", "int8"],
+                     f"{fmt}: --random-experts checkpoint exports to int8")[0]:
+            g = greedy(rb)
+            check(len(g.split(",")) == 8, f"{fmt}: --random-experts blob generates 8 tokens ({g})", g)
 
     proposed_blob_dtypes()
     refusals(base["native"])
