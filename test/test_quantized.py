@@ -171,6 +171,8 @@ def main():
             g = greedy(rb)
             check(len(g.split(",")) == 8, f"{fmt}: --random-experts blob generates 8 tokens ({g})", g)
 
+    partial_reads(os.path.join(OUT, "q_mxfp4_stacked"))
+    partial_reads(os.path.join(OUT, "q_fp8_split_f32"))
     proposed_blob_dtypes()
     refusals(base["native"])
     finish()
@@ -188,6 +190,28 @@ def ew_tensors(blob):
         off, size = struct.unpack_from("<QQ", e, 168)
         out[name] = b[off:off + size]
     return out
+
+
+def partial_reads(ck):
+    """The exporter streams tensors in chunks: any byte range of a dequantized tensor equals the same
+    slice of the whole (ranges cutting rows and crossing module boundaries included)."""
+    cfg_path = os.path.join(ck, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    where = ew.open_checkpoint(ck)
+    layout = ew.detect_layout(cfg, where)
+    c = ew.native_config(cfg, cfg_path)
+    where = ew.quantized_experts(cfg, cfg_path, where, layout, c, False, lambda *a: None)
+    bad = []
+    for name in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"):
+        st = where[name]
+        size = st.tensors[name][3]
+        whole = st.read(name, 0, size)
+        for step in (2, 4 * 6, 130, 8190, size // 3 // 4 * 4):
+            if b"".join(st.read(name, b, b + step) for b in range(0, size, step)) != whole:
+                bad.append((name, step))
+    check(not bad, f"{os.path.basename(ck)}: reads in pieces of 2, 24, 130, 8190 and a third of the tensor "
+          "give the whole tensor's bytes", f"differ: {bad}")
 
 
 def proposed_blob_dtypes():
