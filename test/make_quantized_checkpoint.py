@@ -134,7 +134,7 @@ def mx_exponent(amax):
     """E8M0 byte of a group from its max |w| (bf16): compressed-tensors generate_mx_scales."""
     b = f32_bits(amax) >> 16                      # bf16 bits of the (bf16) amax
     p2 = (b + (1 << 5)) & 0xFF80                  # round_to_power_2: VAL_TO_ADD = 1 << (7 - 1 - 1)
-    return min(254, max(0, ((p2 >> 7) & 0xFF) - 2))   # 127 + floor(log2(p2)) - 2, kept a valid byte
+    return min(254, max(0, ((p2 >> 7) & 0xFF) - 2))   # 127 + floor(log2(p2)) - 2, clamped as a uint8 (0 for amax 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,9 +146,9 @@ def quantize_fp8(w, cols, scale_dtype):
     codes, scales = bytearray(len(w)), []
     for r in range(len(w) // cols):
         row = w[r * cols:(r + 1) * cols]
-        s = max(abs(x) for x in row) / FP8_MAX
-        s = max(s, 2.0 ** -23)                    # an all-zero row: compressed-tensors clamps to eps
-        s = ROUND[scale_dtype](s)
+        s = ROUND[scale_dtype](max(abs(x) for x in row) / FP8_MAX)
+        if s == 0:                                # compressed-tensors replaces a 0 scale by its dtype's eps
+            s = {"bf16": 2.0 ** -7, "f16": 2.0 ** -10, "f32": 2.0 ** -23}[scale_dtype]
         scales.append(s)
         for j, x in enumerate(row):
             y = max(-FP8_MAX, min(FP8_MAX, bf16_round(x / s)))
