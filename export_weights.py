@@ -1099,6 +1099,44 @@ def pack_blob_fp8_rows(values, scales):
     return bytes(values) + b"\0" * (align(len(values), ALIGN) - len(values)) + struct.pack(f"<{len(scales)}f", *scales)
 
 
+BLOB_V2_SCALE_DTYPE = {"F32": 0, "BF16": 1, "F16": 5}     # entry field 188 of dtype 3: the products' rounding
+
+
+def native_expert_chunks(dq, names, chunk_rows=4096):
+    """The proposed version-2 payload of one blob expert tensor made of the DequantizedExperts
+    tensors `names` (one native tensor, or a legacy layout's experts in order), streamed: the value
+    bytes in row order, zero padding to 64 bytes, then the scales (FP8: fp32 per row; MXFP4: the E8M0
+    bytes). Returns (blob dtype code, entry field 188, nbytes, chunk iterator)."""
+    pieces = [p for name in names for p in dq.pieces[name]]
+    dtype, shape, _, _ = dq.tensors[names[0]]
+    cols = shape[-1]
+    rows = sum(p[3] for p in pieces)
+    fp8 = dq.scheme == "fp8"
+    vbytes = rows * cols if fp8 else rows * cols // 2
+    sbytes = 4 * rows if fp8 else rows * cols // MX_GROUP
+    vsuffix = ".weight" if fp8 else ".weight_packed"
+
+    def chunks():
+        for module, sv, _, n in pieces:
+            per = cols if fp8 else cols // 2
+            for a in range(0, n, chunk_rows):
+                yield sv.read(module + vsuffix, a * per, min(n, a + chunk_rows) * per)
+        yield b"\0" * (align(vbytes, ALIGN) - vbytes)
+        for module, _, ss, n in pieces:
+            sname = module + ".weight_scale"
+            sdt = ss.tensors[sname][0]
+            per = ST_DTYPE_SIZE[sdt] if fp8 else cols // MX_GROUP
+            for a in range(0, n, chunk_rows):
+                raw = ss.read(sname, a * per, min(n, a + chunk_rows) * per)
+                if fp8:
+                    v = read_scale_values(raw, sdt)
+                    raw = struct.pack(f"<{len(v)}f", *v)
+                yield raw
+
+    field = BLOB_V2_SCALE_DTYPE[dtype] if fp8 else MX_GROUP
+    return BLOB_V2_DTYPE_CODES["fp8_e4m3_rows" if fp8 else "mxfp4"], field, align(vbytes, ALIGN) + sbytes, chunks()
+
+
 def pack_blob_mxfp4(packed, exponents):
     """Proposed dtype 4: the packed E2M1 bytes as in the checkpoint (low nibble = even column),
     zero-padded to 64 bytes, then the E8M0 exponent bytes, one per 32 values in row order."""

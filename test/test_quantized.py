@@ -173,6 +173,16 @@ def main():
 
     partial_reads(os.path.join(OUT, "q_mxfp4_stacked"))
     partial_reads(os.path.join(OUT, "q_fp8_split_f32"))
+    for case in ("fp8_stacked_bf16", "fp8_split_f32", "fp8_legacy_f16", "mxfp4_per_expert", "mxfp4_legacy"):
+        native_payloads(case)
+    if os.path.isdir(os.path.join(OUT, "q_mxfp4_stacked")) and os.path.isdir(os.path.join(OUT, "q_mxfp4_legacy")):
+        nat, leg = dequantized_where(os.path.join(OUT, "q_mxfp4_stacked")), dequantized_where(os.path.join(OUT, "q_mxfp4_legacy"))
+        a = b"".join(ew.native_expert_chunks(nat["model.layers.1.mlp.experts.gate_up_proj"],
+                                             ["model.layers.1.mlp.experts.gate_up_proj"])[3])
+        srcs = [f"model.layers.3.zaya_block.experts.local_experts.{e}.linear_fc1.weight" for e in range(3)]
+        b = b"".join(ew.native_expert_chunks(leg[srcs[0]], srcs)[3])
+        check(a == b, "mxfp4: the native payload of layer 1's gate_up_proj is the same from the stacked and the "
+              "legacy (per-expert) checkpoint")
     proposed_blob_dtypes()
     refusals(base["native"])
     finish()
@@ -192,16 +202,57 @@ def ew_tensors(blob):
     return out
 
 
-def partial_reads(ck):
-    """The exporter streams tensors in chunks: any byte range of a dequantized tensor equals the same
-    slice of the whole (ranges cutting rows and crossing module boundaries included)."""
+def dequantized_where(ck):
+    """The exporter's view of a quantized checkpoint: tensor name -> file, quantized experts dequantized."""
     cfg_path = os.path.join(ck, "config.json")
     with open(cfg_path) as f:
         cfg = json.load(f)
     where = ew.open_checkpoint(ck)
     layout = ew.detect_layout(cfg, where)
-    c = ew.native_config(cfg, cfg_path)
-    where = ew.quantized_experts(cfg, cfg_path, where, layout, c, False, lambda *a: None)
+    c = ew.native_config(cfg, cfg_path) if layout == "native" else ew.legacy_to_native_config(cfg, cfg_path)
+    return ew.quantized_experts(cfg, cfg_path, where, layout, c, False, lambda *a: None)
+
+
+def native_payloads(case):
+    """docs/blob-format.md, proposed version 2: the payload native_expert_chunks streams from a real
+    quantized checkpoint decodes (with this test's own reading of the layout) to the dequantized twin."""
+    q, dq = os.path.join(OUT, f"q_{case}"), os.path.join(OUT, f"dq_{case}")
+    if not (os.path.isdir(q) and os.path.isdir(dq)):
+        check(False, f"{case}: native payload check has its checkpoints")
+        return
+    where, twin = dequantized_where(q), mq.read_checkpoint(dq)
+    bad, n = [], 0
+    for name, st in where.items():
+        if not isinstance(st, ew.DequantizedExperts):
+            continue
+        code, field, nbytes, chunks = ew.native_expert_chunks(st, [name])
+        blob = b"".join(chunks)
+        dtype, shape = st.tensors[name][:2]
+        cols = shape[-1]
+        rows = st.tensors[name][3] // ew.ST_DTYPE_SIZE[dtype] // cols
+        if code == 3:
+            vend = ew.align(rows * cols, 64)
+            scales = struct.unpack_from(f"<{rows}f", blob, vend)
+            rnd = mq.ROUND[{0: "f32", 1: "bf16", 5: "f16"}[field]]
+            vals = [rnd(mq.fp8_decode(blob[i]) * scales[i // cols]) for i in range(rows * cols)]
+            size_ok = nbytes == len(blob) == vend + 4 * rows
+        else:
+            vend = ew.align(rows * cols // 2, 64)
+            vals = mq.dequantize_mxfp4(blob[:rows * cols // 2], blob[vend:vend + rows * cols // 32])
+            size_ok = nbytes == len(blob) == vend + rows * cols // 32 and field == 32
+        want = mq.read_bytes(twin[name])
+        got = mq.pack_values(vals, twin[name][1])
+        n += 1
+        if not size_ok or got != want:
+            bad.append(name)
+    check(n > 0 and not bad, f"{case}: the proposed native payloads of its {n} expert tensors (streamed from the "
+          "checkpoint) decode to the dequantized twin", f"differ: {bad[:3]}")
+
+
+def partial_reads(ck):
+    """The exporter streams tensors in chunks: any byte range of a dequantized tensor equals the same
+    slice of the whole (ranges cutting rows and crossing module boundaries included)."""
+    where = dequantized_where(ck)
     bad = []
     for name in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"):
         st = where[name]
