@@ -2,7 +2,7 @@
 """export_weights.py - turn a Hugging Face ZAYA1 checkpoint folder into one zaya.c model blob.
 
     python3 export_weights.py CKPT_DIR OUT.bin [--dtype fp32|bf16|int8] [--group-size 64]
-                              [--chat-format auto|chatml|gemma|none]
+                              [--chat-format auto|chatml|gemma|none] [--keep-quantized-experts]
 
 CKPT_DIR is a folder as published on the hub: config.json, model.safetensors (or sharded
 model-0000N-of-0000M.safetensors + model.safetensors.index.json), tokenizer.json and
@@ -10,6 +10,10 @@ tokenizer_config.json. Both hub layouts are accepted and give the same blob:
   native  (Zyphra/ZAYA1-8B, transformers' ZayaForCausalLM): 40 hybrid layers;
   legacy  (Zyphra/ZAYA1-8B-legacy, Zyphra's fork): 80 half-layers, renamed to native names here
           (docs/architecture.md section 2.4; the engine knows one layout only).
+
+Quantized expert checkpoints (Zyphra's FP8-Experts / MXFP4-Experts, compressed-tensors
+`quantization_config`) are recognised and their experts dequantized exactly as the official code does
+(docs/quantized-experts.md); storing them natively (--keep-quantized-experts) is not supported yet.
 
 The blob layout is described in docs/blob-format.md and mirrored by zaya.c (ZayaFileHeader).
 Python standard library only. Tensors are streamed in chunks, so peak memory stays far below the
@@ -46,6 +50,7 @@ CHUNK = 1 << 24             # stream 16 MB at a time
 DTYPE_CODES = {"fp32": 0, "bf16": 1, "int8": 2}   # tensor dtypes in the blob
 LAYER_TYPES = {"hybrid": 0, "hybrid_sliding": 1}
 ST_DTYPE_SIZE = {"F32": 4, "BF16": 2, "F16": 2}    # safetensors dtypes we can read
+QUANT_ST_DTYPE_SIZE = {"F8_E4M3": 1, "U8": 1, "F8_E8M0": 1}   # only in quantized expert checkpoints
 
 
 class ExportError(Exception):
@@ -110,7 +115,7 @@ class SafetensorsFile:
             if not isinstance(info, dict):
                 fail("tensor entry is not an object", where)
             dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-            if dtype not in ST_DTYPE_SIZE:
+            if dtype not in ST_DTYPE_SIZE and dtype not in QUANT_ST_DTYPE_SIZE:
                 fail("unsupported tensor dtype", where, "one of " + ", ".join(ST_DTYPE_SIZE), dtype,
                      "ZAYA checkpoints are published in BF16")
             if (not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape)
@@ -123,9 +128,10 @@ class SafetensorsFile:
             numel = 1
             for d in shape:
                 numel *= d
-            if offs[1] - offs[0] != numel * ST_DTYPE_SIZE[dtype]:
+            size = ST_DTYPE_SIZE.get(dtype) or QUANT_ST_DTYPE_SIZE[dtype]
+            if offs[1] - offs[0] != numel * size:
                 fail("tensor byte size does not match its shape and dtype", where,
-                     f"{numel} x {ST_DTYPE_SIZE[dtype]} = {numel * ST_DTYPE_SIZE[dtype]} bytes",
+                     f"{numel} x {size} = {numel * size} bytes",
                      f"{offs[1] - offs[0]} bytes")
             self.tensors[name] = (dtype, tuple(shape), offs[0], offs[1])
             spans.append((offs[0], offs[1], name))
@@ -661,7 +667,7 @@ def quantize_tensor(quantizer, w, entry, srcs, where, log):
     return int(crc)
 
 
-def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print):
+def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, keep_quantized=False):
     t0 = time.time()
     if not os.path.isdir(ckpt):
         fail("checkpoint folder not found", ckpt, "a folder", "a file" if os.path.exists(ckpt) else "nothing there",
@@ -674,6 +680,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print):
     layout = detect_layout(cfg, where)
     c = native_config(cfg, cfg_path) if layout == "native" else legacy_to_native_config(cfg, cfg_path)
     check_config_limits(c, cfg_path)
+    where = quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log)
     plan = plan_tensors(c, layout, where)
     quantizer = None
     groups = {}                 # int8: the group size of each matrix (along its rows)
@@ -752,6 +759,390 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print):
         f"tokenizer {len(tok) / 1e6:.1f} MB, in {time.time() - t0:.1f} s")
 
 
+# ----------------------------------------------------------------------------------------------
+# Quantized expert checkpoints (docs/quantized-experts.md): compressed-tensors FP8 E4M3 with one
+# scale per output row ("float-quantized", strategy channel) and MXFP4 ("mxfp4-pack-quantized": two
+# E2M1 values per byte, one E8M0 exponent byte per 32 inputs). Only the expert matrices may be
+# quantized; everything else is read as usual.
+# ----------------------------------------------------------------------------------------------
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of nibble bits 0-2; bit 3 is the sign
+MX_GROUP = 32                                             # MXFP4: inputs per E8M0 scale
+FP8_SCALE_DTYPES = ("BF16", "F16", "F32")
+MX_SCALE_DTYPES = ("U8", "F8_E8M0")                       # the same byte: a biased power-of-two exponent
+QUANT_SCHEME_TEXT = {
+    "fp8": "FP8 E4M3 values ('{p}.weight', F8_E4M3) with one scale per output row ('{p}.weight_scale', "
+           "BF16/F16/F32, shape [rows, 1])",
+    "mxfp4": "MXFP4 values ('{p}.weight_packed', U8, two E2M1 per byte, low nibble first) with one E8M0 "
+             "scale per 32 inputs ('{p}.weight_scale', U8, shape [rows, cols/32])",
+}
+
+
+def fp8_e4m3_value(code):
+    """The value of an FP8 E4M3FN byte (bias 7, subnormals, no infinities; 0x7f and 0xff are NaN)."""
+    sign = -1.0 if code & 0x80 else 1.0
+    e, m = (code >> 3) & 15, code & 7
+    return sign * (m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+
+
+def bf16_bits_of(x, where):
+    """bf16 bits of a float (an exact product here): rounded to float32, then to bf16 with
+    round-to-nearest-even, as torch rounds a float32 result to bfloat16."""
+    try:
+        b = struct.unpack("<I", struct.pack("<f", x))[0]
+    except OverflowError:
+        b = 0x7F800000
+    h = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    if h & 0x7F80 == 0x7F80:
+        fail("a dequantized expert weight is not a finite bf16 number", where, "|w| <= 3.39e38", x,
+             "the checkpoint's scales are corrupt")
+    return h
+
+
+_fp8_tables = {}
+
+
+def fp8_row_table(scale, sdtype, where):
+    """The 256 codes' dequantized values fp8(code) x scale as stored bytes of the scale's dtype (None
+    for the two NaN codes): compressed-tensors' dequantize computes x_q.to(scale.dtype) * scale, so the
+    exact product is rounded once to the scale's dtype (docs/quantized-experts.md, 'dequantization')."""
+    t = _fp8_tables.get((scale, sdtype))
+    if t is None:
+        if len(_fp8_tables) > 65536:
+            _fp8_tables.clear()
+        t = [None] * 256
+        for code in range(256):
+            if code & 0x7F == 0x7F:
+                continue
+            x = fp8_e4m3_value(code) * scale        # exact: at most 4 + 24 significant bits
+            try:
+                t[code] = (struct.pack("<H", bf16_bits_of(x, where)) if sdtype == "BF16" else
+                           struct.pack("<e" if sdtype == "F16" else "<f", x))
+            except OverflowError:
+                fail(f"a dequantized expert weight overflows {sdtype}", where, f"a finite {sdtype} number", x,
+                     "the checkpoint's scales are corrupt")
+        _fp8_tables[(scale, sdtype)] = t
+    return t
+
+
+_mx_tables = {}
+
+
+def mxfp4_byte_table(e8m0, where):
+    """bf16 bytes of the two E2M1 values of each byte (low nibble first) times 2^(e8m0 - 127); exact."""
+    t = _mx_tables.get(e8m0)
+    if t is None:
+        if e8m0 == 255:
+            fail("MXFP4 scale byte 0xFF is NaN", where, "an E8M0 exponent byte 0..254", 255,
+                 "the checkpoint is corrupt")
+        s = 2.0 ** (e8m0 - 127)
+        v = [bf16_bits_of((-1.0 if n & 8 else 1.0) * E2M1_VALUES[n & 7] * s, where) for n in range(16)]
+        t = [struct.pack("<HH", v[b & 15], v[b >> 4]) for b in range(256)]
+        _mx_tables[e8m0] = t
+    return t
+
+
+def read_scale_values(raw, dtype):
+    """A checkpoint's FP8 row scales as Python floats (exact)."""
+    n = len(raw) // ST_DTYPE_SIZE[dtype]
+    if dtype == "F32":
+        return struct.unpack(f"<{n}f", raw)
+    if dtype == "F16":
+        return struct.unpack(f"<{n}e", raw)
+    return struct.unpack(f"<{n}f", bf16_to_f32(raw))
+
+
+class DequantizedExperts:
+    """Quantized expert matrices shown as the bf16 tensors plan_tensors expects, in place of a
+    SafetensorsFile: each tensor is its pieces' rows one after the other, dequantized when read."""
+
+    def __init__(self, scheme):
+        self.scheme, self.path = scheme, f"({scheme} experts, dequantized)"
+        self.tensors, self.pieces = {}, {}
+
+    def add(self, name, shape, pieces, dtype):
+        """pieces: [(module, values SafetensorsFile, scales SafetensorsFile, rows)] in row order;
+        dtype: what the official dequantization yields (MXFP4: BF16; FP8: the scales' dtype)."""
+        numel = 1
+        for d in shape:
+            numel *= d
+        self.tensors[name] = (dtype, tuple(shape), 0, ST_DTYPE_SIZE[dtype] * numel)
+        self.pieces[name] = pieces
+
+    def read(self, name, begin, end):
+        dtype, shape, _, stop = self.tensors[name]
+        rb = ST_DTYPE_SIZE[dtype] * shape[-1]          # bytes per row
+        cols = shape[-1]
+        end = min(end, stop)
+        r0, r1 = begin // rb, -(-end // rb)
+        out, first = [], 0
+        for module, sv, ss, rows in self.pieces[name]:
+            a, b = max(r0, first), min(r1, first + rows)
+            if a < b:
+                out.append(self.dequantize_rows(module, sv, ss, a - first, b - first, cols))
+            first += rows
+        data = b"".join(out)
+        return data[begin - rb * r0:end - rb * r0]
+
+    def dequantize_rows(self, module, sv, ss, a, b, cols):
+        """Dequantized bytes of rows a..b-1 of one quantized module (a stacked module's rows run across
+        experts): bf16 for MXFP4, the scales' dtype for FP8."""
+        where = f"{sv.path}: {module}"
+        rows = []
+        if self.scheme == "fp8":
+            vname, sname = module + ".weight", module + ".weight_scale"
+            vals = sv.read(vname, a * cols, b * cols)
+            sdt = ss.tensors[sname][0]
+            size = ST_DTYPE_SIZE[sdt]
+            scales = read_scale_values(ss.read(sname, a * size, b * size), sdt)
+            for r, s in enumerate(scales):
+                if s != s or s in (float("inf"), float("-inf")):
+                    fail("an FP8 row scale is not finite", f"{ss.path}: {sname} row {a + r}", "a finite number", s)
+                row = vals[r * cols:(r + 1) * cols]
+                if b"\x7f" in row or b"\xff" in row:
+                    fail("an FP8 E4M3 weight is NaN (byte 0x7f or 0xff)", f"{where}.weight row {a + r}",
+                         hint="the checkpoint is corrupt")
+                rows.append(b"".join(map(fp8_row_table(s, sdt, where).__getitem__, row)))
+        else:
+            vname, sname = module + ".weight_packed", module + ".weight_scale"
+            half, groups = cols // 2, cols // MX_GROUP
+            vals = sv.read(vname, a * half, b * half)
+            exps = ss.read(sname, a * groups, b * groups)
+            step = MX_GROUP // 2
+            for r in range(b - a):
+                row, ex = vals[r * half:(r + 1) * half], exps[r * groups:(r + 1) * groups]
+                rows.append(b"".join(x for g, e in enumerate(ex) for x in
+                                     map(mxfp4_byte_table(e, where).__getitem__, row[g * step:(g + 1) * step])))
+        return b"".join(rows)
+
+
+def quantization_scheme(qc, path):
+    """'fp8' or 'mxfp4' from a compressed-tensors quantization_config; anything else is refused."""
+    where = f"{path}: quantization_config"
+    if not isinstance(qc, dict):
+        fail("quantization_config is not a JSON object", where, "an object", type(qc).__name__)
+    if qc.get("quant_method") != "compressed-tensors":
+        fail("unsupported quantization method", f"{where}.quant_method", "'compressed-tensors'",
+             repr(qc.get("quant_method")), "only Zyphra's FP8-Experts and MXFP4-Experts checkpoints are supported")
+    status = qc.get("quantization_status", "compressed")
+    if status != "compressed":
+        fail("unsupported quantization status", f"{where}.quantization_status", "'compressed'", repr(status))
+    for key in ("kv_cache_scheme", "sparsity_config", "transform_config"):
+        if qc.get(key) not in (None, {}):
+            fail(f"unsupported quantization_config.{key}", f"{where}.{key}", "null", repr(qc.get(key))[:200])
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        fail("quantization_config has no config_groups", f"{where}.config_groups", "a non-empty object", repr(groups))
+    schemes = set()
+    for gname, g in groups.items():
+        gw = f"{where}.config_groups.{gname}"
+        if not isinstance(g, dict) or not isinstance(g.get("weights"), dict):
+            fail("quantization group has no weights block", gw, "an object with 'weights'", repr(g)[:200])
+        w, fmt = g["weights"], g.get("format") or qc.get("format")
+        found = (f"format {fmt!r}, weights num_bits {w.get('num_bits')!r} type {w.get('type')!r} strategy "
+                 f"{w.get('strategy')!r} group_size {w.get('group_size')!r} symmetric {w.get('symmetric', True)!r} "
+                 f"dynamic {w.get('dynamic', False)!r}")
+        common = (w.get("type") == "float" and w.get("symmetric", True) is True and w.get("dynamic", False) is False
+                  and w.get("actorder") is None and w.get("block_structure") is None)
+        acts = g.get("input_activations")
+        if (fmt in ("float-quantized", "naive-quantized") and common and w.get("num_bits") == 8
+                and w.get("strategy") == "channel" and w.get("group_size") is None):
+            if acts is not None and not (isinstance(acts, dict) and acts.get("dynamic") is True):
+                fail("static FP8 input activations are not supported", f"{gw}.input_activations",
+                     "null (W8A16) or dynamic", repr(acts)[:200],
+                     "zaya.c keeps activations in float32; a static input_scale would change them")
+            schemes.add("fp8")
+        elif (fmt == "mxfp4-pack-quantized" and common and w.get("num_bits") == 4 and w.get("strategy") == "group"
+              and w.get("group_size") == MX_GROUP
+              and w.get("scale_dtype") in (None, "uint8", "torch.uint8", "float8_e8m0fnu", "torch.float8_e8m0fnu")):
+            if acts is not None:
+                fail("MXFP4 input activations are not supported", f"{gw}.input_activations",
+                     "null (weight-only MXFP4)", repr(acts)[:200])
+            schemes.add("mxfp4")
+        else:
+            fail("unsupported quantization scheme", gw,
+                 "FP8 E4M3 channel-wise ('float-quantized', num_bits 8, type float, strategy channel) or MXFP4 "
+                 "('mxfp4-pack-quantized', num_bits 4, type float, strategy group, group_size 32), symmetric, static",
+                 found, "see docs/quantized-experts.md")
+    if len(schemes) != 1:
+        fail("quantization_config mixes schemes", f"{where}.config_groups", "one scheme", sorted(schemes))
+    return schemes.pop()
+
+
+def expert_module_layouts(c, layout, i, proj):
+    """The ways a quantized expert projection may be stored, as lists of (module, rows) in row order
+    of the native [E, rows, cols] tensor; a stacked module has a leading expert dimension."""
+    E, I, H = c["num_experts"], c["moe_intermediate_size"], c["hidden_size"]
+    rows = 2 * I if proj == "gate_up_proj" else H
+    if layout == "legacy":
+        fc = "linear_fc1" if proj == "gate_up_proj" else "linear_fc2"
+        m = f"model.layers.{2 * i + 1}.zaya_block.experts.local_experts"
+        return {"per-expert (legacy)": [(f"{m}.{e}.{fc}", rows) for e in range(E)]}
+    b = f"model.layers.{i}.mlp.experts"
+    out = {"stacked": [(f"{b}.{proj}", E * rows)], "per-expert": [(f"{b}.{e}.{proj}", rows) for e in range(E)]}
+    if proj == "gate_up_proj":
+        out["per-expert gate_proj + up_proj"] = [(f"{b}.{e}.{p}", I) for e in range(E) for p in ("gate_proj", "up_proj")]
+    return out
+
+
+def check_quantized_module(where, scheme, module, rows, cols, stacked_experts):
+    """Dtypes and shapes of one quantized module's values and scales; returns the tensor names used."""
+    lead = [stacked_experts] if stacked_experts else []
+    r = rows // stacked_experts if stacked_experts else rows
+    if scheme == "fp8":
+        want = {module + ".weight": (("F8_E4M3",), lead + [r, cols]),
+                module + ".weight_scale": (FP8_SCALE_DTYPES, lead + [r, 1])}
+    else:
+        if cols % MX_GROUP:
+            fail("an MXFP4 row length is not a multiple of 32", module, "a multiple of 32", cols,
+                 "MXFP4 scales cover 32 inputs; this config cannot be stored as MXFP4")
+        want = {module + ".weight_packed": (("U8",), lead + [r, cols // 2]),
+                module + ".weight_scale": (MX_SCALE_DTYPES, lead + [r, cols // MX_GROUP])}
+    for name, (dtypes, shape) in want.items():
+        if name not in where:
+            fail("missing tensor of a quantized expert", name, QUANT_SCHEME_TEXT[scheme].format(p=module),
+                 "no such tensor", "the checkpoint is incomplete or not in the format its quantization_config names")
+        dt, got = where[name].tensors[name][:2]
+        if dt not in dtypes:
+            fail("quantized expert tensor has the wrong dtype", f"{where[name].path}: {name}", " or ".join(dtypes), dt,
+                 QUANT_SCHEME_TEXT[scheme].format(p=module))
+        if list(got) != shape:
+            fail("quantized expert tensor has the wrong shape", f"{where[name].path}: {name}", shape, list(got),
+                 "the config.json does not match the weights")
+    for name in where:
+        if name.startswith(module + ".") and name not in want:
+            fail("unsupported tensor of a quantized expert", f"{where[name].path}: {name}",
+                 " and ".join(want), name.rsplit(".", 1)[-1],
+                 "zero points, global scales, input scales and g_idx are not part of the supported formats")
+    return list(want)
+
+
+def quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log):
+    """Recognises an FP8-Experts / MXFP4-Experts checkpoint from quantization_config and its tensors
+    and returns `where` with each quantized expert matrix replaced by its bf16 dequantization;
+    a checkpoint without quantization_config must have no quantized tensors."""
+    qc = cfg.get("quantization_config")
+    if qc is None:
+        for n in sorted(where):
+            dt = where[n].tensors[n][0]
+            if dt in QUANT_ST_DTYPE_SIZE:
+                fail("unsupported tensor dtype", f"{where[n].path}: tensor {n}", "one of " + ", ".join(ST_DTYPE_SIZE),
+                     dt, "quantized tensors need the checkpoint's quantization_config; config.json has none")
+        return where
+    scheme = quantization_scheme(qc, cfg_path)
+    ignore = qc.get("ignore", [])
+    if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
+        fail("quantization_config.ignore is not a list of strings", f"{cfg_path}: quantization_config.ignore",
+             "a list of module names or 're:' patterns", repr(ignore)[:200])
+    dq, used, kinds, sdtypes = DequantizedExperts(scheme), set(), set(), {}
+    new = dict(where)
+    E = c["num_experts"]
+    for i in range(c["num_hidden_layers"]):
+        for proj in ("gate_up_proj", "down_proj"):
+            cols = c["hidden_size"] if proj == "gate_up_proj" else c["moe_intermediate_size"]
+            options = expert_module_layouts(c, layout, i, proj)
+            suffix = ".weight" if scheme == "fp8" else ".weight_packed"
+            kind = next((k for k, mods in options.items() if mods[0][0] + suffix in where), None)
+            if kind is None:
+                tried = ", ".join(mods[0][0] + suffix for mods in options.values())
+                fail("quantized expert weights not found", f"layer {i} {proj}", f"one of {tried}",
+                     "none of them", f"a {scheme} checkpoint stores every expert matrix as "
+                     + QUANT_SCHEME_TEXT[scheme].format(p="<module>"))
+            kinds.add(kind)
+            pieces = []
+            for module, rows in options[kind]:
+                names = check_quantized_module(where, scheme, module, rows, cols, E if kind == "stacked" else 0)
+                used.update(names)
+                pieces.append((module, where[names[0]], where[names[1]], rows))
+                sdtypes.setdefault(where[names[1]].tensors[names[1]][0], names[1])
+            if scheme == "fp8" and len(sdtypes) > 1:
+                fail("FP8 row scales of different dtypes", " and ".join(sorted(sdtypes.values())), "one dtype",
+                     sorted(sdtypes), "the official dequantization's result has the scale's dtype")
+            dtype = "BF16" if scheme == "mxfp4" else next(iter(sdtypes))
+            if layout == "native":
+                dq.add(f"model.layers.{i}.mlp.experts.{proj}", (E, pieces[0][3] * len(pieces) // E, cols), pieces, dtype)
+            else:
+                for e, piece in enumerate(pieces):
+                    dq.add(piece[0] + ".weight", (piece[3], cols), [piece], dtype)
+    for n in sorted(where):
+        if n not in used and where[n].tensors[n][0] in QUANT_ST_DTYPE_SIZE:
+            fail("a quantized tensor outside the experts", f"{where[n].path}: tensor {n}", "BF16 (only expert "
+                 "matrices may be quantized in the supported checkpoints)", where[n].tensors[n][0])
+    if len({k.split()[0] for k in kinds}) > 1:
+        fail("quantized experts are stored in mixed layouts", ckpt_name(cfg_path), "one layout", sorted(kinds))
+    if keep_quantized:
+        fail("native FP8 / MXFP4 expert storage is not yet supported by this engine", "--keep-quantized-experts",
+             "no --keep-quantized-experts", "--keep-quantized-experts",
+             "export without it: the experts are dequantized exactly as the official code does "
+             "(docs/quantized-experts.md); the proposed blob dtypes are in docs/blob-format.md")
+    for n in used:
+        del new[n]
+    new.update({n: dq for n in dq.tensors})
+    out_dtype = "bf16" if scheme == "mxfp4" else {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}[next(iter(sdtypes))]
+    log(f"quantized experts: {scheme} ({' and '.join(sorted(kinds))} modules, {len(used)} tensors), dequantized to "
+        f"{out_dtype} as the official code does (docs/quantized-experts.md)")
+    return new
+
+
+def ckpt_name(cfg_path):
+    return os.path.dirname(cfg_path) or "."
+
+
+# Proposed blob format version 2 (docs/blob-format.md): not written by export() yet.
+BLOB_V2_DTYPE_CODES = {"fp8_e4m3_rows": 3, "mxfp4": 4}
+
+
+def pack_blob_fp8_rows(values, scales):
+    """Proposed dtype 3: the E4M3FN bytes row-major, zero-padded to 64 bytes, then one fp32 scale per
+    row (a bf16 / fp16 checkpoint scale widens exactly); the directory entry records the checkpoint
+    scale's dtype, to which each product is rounded."""
+    return bytes(values) + b"\0" * (align(len(values), ALIGN) - len(values)) + struct.pack(f"<{len(scales)}f", *scales)
+
+
+BLOB_V2_SCALE_DTYPE = {"F32": 0, "BF16": 1, "F16": 5}     # entry field 188 of dtype 3: the products' rounding
+
+
+def native_expert_chunks(dq, names, chunk_rows=4096):
+    """The proposed version-2 payload of one blob expert tensor made of the DequantizedExperts
+    tensors `names` (one native tensor, or a legacy layout's experts in order), streamed: the value
+    bytes in row order, zero padding to 64 bytes, then the scales (FP8: fp32 per row; MXFP4: the E8M0
+    bytes). Returns (blob dtype code, entry field 188, nbytes, chunk iterator)."""
+    pieces = [p for name in names for p in dq.pieces[name]]
+    dtype, shape, _, _ = dq.tensors[names[0]]
+    cols = shape[-1]
+    rows = sum(p[3] for p in pieces)
+    fp8 = dq.scheme == "fp8"
+    vbytes = rows * cols if fp8 else rows * cols // 2
+    sbytes = 4 * rows if fp8 else rows * cols // MX_GROUP
+    vsuffix = ".weight" if fp8 else ".weight_packed"
+
+    def chunks():
+        for module, sv, _, n in pieces:
+            per = cols if fp8 else cols // 2
+            for a in range(0, n, chunk_rows):
+                yield sv.read(module + vsuffix, a * per, min(n, a + chunk_rows) * per)
+        yield b"\0" * (align(vbytes, ALIGN) - vbytes)
+        for module, _, ss, n in pieces:
+            sname = module + ".weight_scale"
+            sdt = ss.tensors[sname][0]
+            per = ST_DTYPE_SIZE[sdt] if fp8 else cols // MX_GROUP
+            for a in range(0, n, chunk_rows):
+                raw = ss.read(sname, a * per, min(n, a + chunk_rows) * per)
+                if fp8:
+                    v = read_scale_values(raw, sdt)
+                    raw = struct.pack(f"<{len(v)}f", *v)
+                yield raw
+
+    field = BLOB_V2_SCALE_DTYPE[dtype] if fp8 else MX_GROUP
+    return BLOB_V2_DTYPE_CODES["fp8_e4m3_rows" if fp8 else "mxfp4"], field, align(vbytes, ALIGN) + sbytes, chunks()
+
+
+def pack_blob_mxfp4(packed, exponents):
+    """Proposed dtype 4: the packed E2M1 bytes as in the checkpoint (low nibble = even column),
+    zero-padded to 64 bytes, then the E8M0 exponent bytes, one per 32 values in row order."""
+    return bytes(packed) + b"\0" * (align(len(packed), ALIGN) - len(packed)) + bytes(exponents)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Export a Hugging Face ZAYA1 checkpoint folder to a zaya.c blob.")
     ap.add_argument("checkpoint", help="folder with config.json, *.safetensors, tokenizer.json, tokenizer_config.json")
@@ -763,10 +1154,13 @@ def main(argv=None):
                          "two below it that divides the matrix's rows; 32 is 5%% bigger and a little more exact)")
     ap.add_argument("--chat-format", choices=["auto", "chatml", "gemma", "none"], default="auto",
                     help="chat turn format (default: recognised from tokenizer_config.json's chat_template)")
+    ap.add_argument("--keep-quantized-experts", action="store_true",
+                    help="store FP8 / MXFP4 experts in their own format (docs/blob-format.md, proposed version 2; "
+                         "not yet supported by the engine); without it they are dequantized as the official code does")
     args = ap.parse_args(argv)
     try:
         export(args.checkpoint, args.out, args.dtype, args.group_size,
-               None if args.chat_format == "auto" else args.chat_format)
+               None if args.chat_format == "auto" else args.chat_format, keep_quantized=args.keep_quantized_experts)
     except ExportError as e:
         print(f"export_weights.py: error: {e}", file=sys.stderr)
         try:

@@ -21,6 +21,7 @@ TESTS = [
     ("sample", ["build/test_sample", "test/test_sample.c"]),
     ("engine", [sys.executable, "test/test_engine.py"]),
     ("int8", [sys.executable, "test/test_int8.py"]),
+    ("quantized", [sys.executable, "test/test_quantized.py"]),
     ("cli", [sys.executable, "test/test_cli.py"]),
     ("tokenizer", [sys.executable, "test/test_tokenizer.py"]),
     ("dims", [sys.executable, "test/test_dims.py"]),
