@@ -40,8 +40,10 @@ def paired(label, blob, threads, steps=3):
           f"decode_vs_read counts {m.group(3)}")
     check(int(m.group(1)) == threads and int(m.group(2)) == steps, f"{label}: threads and steps as asked",
           out.strip())
-    ok = all(float(m.group(i)) > 0 for i in range(4, 11)) and float(m.group(9)) <= float(m.group(8)) <= float(m.group(10))
-    check(ok, f"{label}: speeds and ratios positive, min <= median <= max", out.strip())
+    # the ratios print with 3 decimals: a step pair preempted on a loaded machine can print 0.000
+    ok = all(float(m.group(i)) > 0 for i in range(4, 7)) and all(float(m.group(i)) >= 0 for i in range(7, 11)) \
+        and float(m.group(9)) <= float(m.group(8)) <= float(m.group(10)) and float(m.group(10)) > 0
+    check(ok, f"{label}: speeds positive, ratios >= 0 (the largest > 0), min <= median <= max", out.strip())
 
 
 SEGMENT = re.compile(r"^ *([0-9.]+) ms +([0-9.]+) %  (.+) -> (.+)$")
