@@ -9,10 +9,10 @@ SRC      = $(LIB) main.c
 HDR      = zaya.h kernels.h tokenizer.h trace.h
 LIBS     = -pthread -lm
 PYTHON  ?= python3
-FIXTURES ?= ../shared/fixtures
-CKPT    ?= $(FIXTURES)/public/checkpoint_native
+FIXTURES ?= test/fixtures
+CKPT    ?= $(FIXTURES)/checkpoint_native
 
-.PHONY: all debug test demo docs fuzz clean
+.PHONY: all debug test demo demo-chat docs fuzz clean
 all: zaya
 
 zaya: $(SRC) $(HDR)
@@ -46,13 +46,25 @@ build/decode_vs_read: bench/decode_vs_read.c bench/read_sum.h $(LIB) $(HDR)
 test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/test_decode
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 
-# the main job on real input: export a hub-format checkpoint, generate from an English prompt
-demo: zaya
+# the main job on real input: export a hub-format checkpoint (default: the repository's compact fixture,
+# whose weights are random, so its text is noise; CKPT=dir for a real one), generate from an English prompt
+DEMO_BLOB   = build/demo_$(notdir $(abspath $(CKPT))).bin
+DEMO_PROMPT = The old lighthouse keeper climbed the spiral stairs
+DEMO_CHAT   = Write one sentence about lighthouses.
+$(DEMO_BLOB): $(CKPT)/config.json export_weights.py export_tokenizer.py
 	mkdir -p build
-	$(PYTHON) export_weights.py $(CKPT) build/demo.bin
-	./zaya build/demo.bin -i "The old lighthouse keeper climbed the spiral stairs" -n 32 -t 0.8 -s 42
+	$(PYTHON) export_weights.py $(CKPT) $@
 
-# regenerate the --trace blocks of docs/walkthrough.md from the public fixture (test_walkthrough checks them)
+demo: zaya $(DEMO_BLOB)
+	@echo "prompt: $(DEMO_PROMPT)"
+	./zaya $(DEMO_BLOB) -i "$(DEMO_PROMPT)" -n 32 -t 0.8 -s 42
+
+# one chat turn, non-interactively: the user line goes to ./zaya -m chat on stdin
+demo-chat: zaya $(DEMO_BLOB)
+	@echo "user: $(DEMO_CHAT)"
+	echo "$(DEMO_CHAT)" | ./zaya $(DEMO_BLOB) -m chat -y "You are a helpful assistant." --no-think -n 48 -t 0.8 -s 42
+
+# regenerate the --trace blocks of docs/walkthrough.md from the fixture (test_walkthrough checks them)
 docs: zaya
 	mkdir -p build
 	$(PYTHON) export_weights.py $(CKPT) build/walkthrough.bin > /dev/null
@@ -65,6 +77,7 @@ fuzz:
 	clang -g -O1 -march=native -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 \
 	    -I. test/fuzz/fuzz_blob.c $(LIB) $(LIBS) -o build/fuzz_blob
 	$(PYTHON) test/fuzz/make_seeds.py build/fuzz_blob_corpus
+	mkdir -p build/fuzz_blob_crashes
 	cd build && ./fuzz_blob fuzz_blob_corpus -max_len=32768 -timeout=10 -rss_limit_mb=2048 \
 	    -max_total_time=$(FUZZ_TIME) -artifact_prefix=fuzz_blob_crashes/
 

@@ -1,5 +1,6 @@
 """export_tokenizer.py - turn a Hugging Face tokenizer.json + tokenizer_config.json into the tokenizer
-section of a zaya.c blob (parsed by tokenizer.c). Python 3.11 standard library only.
+section of a zaya.c blob (parsed by tokenizer.c). Python 3.11 standard library only. Either file may be
+gzipped (tokenizer.json.gz): the .gz is read when the plain file is absent; the plain file wins when both are.
 
     import export_tokenizer
     section = export_tokenizer.build_tokenizer_section("path/to/checkpoint", chat_format=None)
@@ -45,6 +46,7 @@ Section format (little-endian, all offsets relative to the section start, arrays
         trie_edges  count x 8 B: u32 child node (> parent), u8 byte, 3 x u8 0; each node's edges sorted
         byte_ids    256 x i32: id of the vocab piece "<0xNN>" for byte fallback (-1 = missing)
 """
+import gzip
 import json
 import os
 import struct
@@ -100,11 +102,13 @@ def _resolve(ckpt_dir, name):
     for _ in range(8):
         if not os.path.isfile(path):
             _fail(f"{name} is missing", path, "a file (or a symlink to one)", "nothing there",
-                  "tokenizer.json and tokenizer_config.json must be in the checkpoint folder")
+                  "tokenizer.json and tokenizer_config.json (or their .gz) must be in the checkpoint folder")
         if os.path.getsize(path) > 4096:
             return path
         with open(path, "rb") as f:
             head = f.read()
+        if head[:2] == b"\x1f\x8b":         # a small gzip file, not a pointer
+            return path
         text = head.decode("utf-8", "replace").strip()
         if text.startswith("{") or not text or "\n" in text:
             return path
@@ -117,12 +121,26 @@ def _resolve(ckpt_dir, name):
     _fail(f"{name}: too many levels of path pointers", path, "at most 8", "more", "")
 
 
+def _locate(ckpt_dir, name):
+    """ckpt_dir/name, or ckpt_dir/name.gz when only that is there: the plain file wins when both are."""
+    plain = os.path.join(ckpt_dir, name)
+    if os.path.lexists(plain) or not os.path.lexists(plain + ".gz"):
+        return _resolve(ckpt_dir, name)
+    return _resolve(ckpt_dir, name + ".gz")
+
+
 def _load_json(path, name):
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
         _fail(f"cannot read {name}", path, "a readable file", str(e), "check the path and permissions")
+    if path.endswith(".gz"):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            _fail(f"{name}.gz is not a valid gzip file", path, "gzip data (as `gzip -9 -n` writes)", str(e),
+                  "the file may be truncated; unpack it by hand with gunzip to see")
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -454,8 +472,8 @@ def build_tokenizer_section(ckpt_dir: str, chat_format: str | None = None) -> by
 def _build(ckpt_dir, chat_format):
     if chat_format is not None and not isinstance(chat_format, str):
         raise ValueError(f"chat_format must be None or a string, not {type(chat_format).__name__}")
-    tj_path = _resolve(ckpt_dir, "tokenizer.json")
-    cfg_path = _resolve(ckpt_dir, "tokenizer_config.json")
+    tj_path = _locate(ckpt_dir, "tokenizer.json")
+    cfg_path = _locate(ckpt_dir, "tokenizer_config.json")
     tj = _load_json(tj_path, "tokenizer.json")
     cfg = _load_json(cfg_path, "tokenizer_config.json")
     if not isinstance(tj, dict):

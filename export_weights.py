@@ -6,7 +6,8 @@
 
 CKPT_DIR is a folder as published on the hub: config.json, model.safetensors (or sharded
 model-0000N-of-0000M.safetensors + model.safetensors.index.json), tokenizer.json and
-tokenizer_config.json. Both hub layouts are accepted and give the same blob:
+tokenizer_config.json (or their gzipped .gz, read when the plain file is absent; the plain file wins when
+both are there). Both hub layouts are accepted and give the same blob:
   native  (Zyphra/ZAYA1-8B, transformers' ZayaForCausalLM): 40 hybrid layers;
   legacy  (Zyphra/ZAYA1-8B-legacy, Zyphra's fork): 80 half-layers, renamed to native names here
           (docs/architecture.md section 2.4; the engine knows one layout only).
@@ -1145,7 +1146,8 @@ def pack_blob_mxfp4(packed, exponents):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Export a Hugging Face ZAYA1 checkpoint folder to a zaya.c blob.")
-    ap.add_argument("checkpoint", help="folder with config.json, *.safetensors, tokenizer.json, tokenizer_config.json")
+    ap.add_argument("checkpoint", help="folder with config.json, *.safetensors, tokenizer.json, tokenizer_config.json "
+                    "(or their .gz)")
     ap.add_argument("out", help="output blob, e.g. zaya1-8b.bin")
     ap.add_argument("--dtype", choices=sorted(DTYPE_CODES), default="fp32",
                     help="format of the big matrices (default fp32; bf16 keeps the hub's exact weights)")

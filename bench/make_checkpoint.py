@@ -3,7 +3,8 @@
 
 Writes a Hugging Face style folder: config.json, sharded model-0000N-of-0000M.safetensors plus
 model.safetensors.index.json (or one model.safetensors with --single-file), and tokenizer.json /
-tokenizer_config.json copied from --tokenizer-dir. All tensors are bf16, with the names and shapes of
+tokenizer_config.json (or their .gz) copied from --tokenizer-dir (default test/fixtures/tokenizer).
+All tensors are bf16, with the names and shapes of
 docs/architecture.md section 2.2 (--layout native) or 2.4 (--layout legacy: 80 half-layers, one tensor
 per expert, legacy config keys). Every dimension can be changed on the command line; the defaults are
 ZAYA1-8B (17.68 GB).
@@ -52,7 +53,8 @@ POOL_VALUES = 1 << 20          # standard-normal pool: 1 Mi values = 2 MB of bf1
 POOL_MIN = 1 << 17             # ... and at least 128 Ki values (small configs)
 CHUNK_VALUES = 1 << 16         # a big matrix is written in slices of 64 Ki values (128 KB)
 DEFAULT_SHARD = 5_000_000_000  # save_pretrained's "5GB"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.json.gz", "tokenizer_config.json.gz")     # export_weights.py reads either
 
 HYBRID, SLIDING = "hybrid", "hybrid_sliding"
 
@@ -698,7 +700,7 @@ def selftest():
 
 def build_parser():
     here = os.path.dirname(os.path.abspath(__file__))
-    default_tok = os.path.normpath(os.path.join(here, "..", "..", "shared", "fixtures", "tokenizer", "model"))
+    default_tok = os.path.normpath(os.path.join(here, "..", "test", "fixtures", "tokenizer"))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="defaults are ZAYA1-8B (docs/architecture.md section 2)")

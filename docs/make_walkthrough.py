@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make_walkthrough.py - rewrites the generated blocks of docs/walkthrough.md from ./zaya --trace.
 
-    python3 docs/make_walkthrough.py [--check] [--blob build/walkthrough.bin] [--fixtures ../shared/fixtures]
+    python3 docs/make_walkthrough.py [--check] [--blob build/walkthrough.bin] [--fixtures test/fixtures]
 
 A generated block is
 
@@ -11,13 +11,13 @@ A generated block is
     ```
     <!-- /trace -->
 
-The words after `trace:` are ./zaya's arguments (shell quoting), run on the public fixture blob with
-the fixture prompt (`--ids` from fixtures/public/index.json) unless they give `--ids` or `-i` themselves.
+The words after `trace:` are ./zaya's arguments (shell quoting), run on the fixture blob with
+the fixture prompt (`--ids` from test/fixtures/index.json) unless they give `--ids` or `-i` themselves.
 `--filter REGEX` is this script's: the output is cut into units (a step line with the indented lines
 below it, or one header line) and only the units whose first line matches REGEX (re.search) are kept.
 Without --filter the whole trace is pasted.
 
-The blob is exported from fixtures/public/checkpoint_native with export_weights.py when it is missing.
+The blob is exported from test/fixtures/checkpoint_native with export_weights.py when it is missing.
 --check writes nothing and exits 1 when the document differs from what the program prints now
 (test/test_walkthrough.py does the same in memory). Standard library only.
 """
@@ -35,16 +35,16 @@ BLOCK = re.compile(r"^(<!-- trace: ([^\n]*?) -->\n)(.*?)^(<!-- /trace -->)$", re
 
 
 def prompt_ids(fixtures):
-    with open(os.path.join(fixtures, "public", "index.json")) as f:
+    with open(os.path.join(fixtures, "index.json")) as f:
         return json.load(f)["prompt"]["ids"]
 
 
 def ensure_blob(blob, fixtures):
-    """Exports the public fixture to `blob` if it is not there yet."""
+    """Exports the fixture to `blob` if it is not there yet."""
     if os.path.exists(blob):
         return
     os.makedirs(os.path.dirname(os.path.abspath(blob)), exist_ok=True)
-    ckpt = os.path.join(fixtures, "public", "checkpoint_native")
+    ckpt = os.path.join(fixtures, "checkpoint_native")
     subprocess.run([sys.executable, os.path.join(ROOT, "export_weights.py"), ckpt, blob], check=True,
                    stdout=subprocess.DEVNULL)
 
@@ -94,7 +94,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if the document is stale; write nothing")
     ap.add_argument("--blob", default=os.path.join(ROOT, "build", "walkthrough.bin"))
-    ap.add_argument("--fixtures", default=os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "..", "shared", "fixtures")))
+    ap.add_argument("--fixtures", default=os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "test", "fixtures")))
     ap.add_argument("--doc", default=DOC)
     args = ap.parse_args()
     ensure_blob(args.blob, args.fixtures)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fixture_to_dump.py - convert a shared fixture golden folder into a compare.py dump.
+"""fixture_to_dump.py - convert a fixture golden folder (test/fixtures/golden, golden_zyphra) into a compare.py dump.
 
     python3 test/fixture_to_dump.py FIXTURE_GOLDEN_DIR OUT_DIR
 
@@ -63,7 +63,7 @@ class Converter:
         self.src = src
         self.taps = os.path.join(src, "taps")
         if not os.path.isdir(src):
-            raise InputError(f"{src} does not exist\n  hint: give ../shared/fixtures/public/golden or golden_zyphra")
+            raise InputError(f"{src} does not exist\n  hint: give test/fixtures/golden or test/fixtures/golden_zyphra")
         self.out = {}           # name -> (shape, data, extra)
         self.notes = []
         self.unmapped = []

@@ -7,7 +7,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from compare import read_npy  # noqa: E402,F401  (shape, flat array.array) of a .npy file, C order
-FIXTURES = os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "..", "shared", "fixtures"))
+# the compact fixture in the repository (test/fixtures/README.md): checkpoints, official goldens, tokenizer
+FIXTURES = os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "test", "fixtures"))
 BUILD = os.path.join(ROOT, "build", "test")
 failures = 0
 
@@ -31,7 +32,8 @@ def need_fixtures(*parts):
     """The fixture path; a missing fixture is a failure (never a skip): the test stops here."""
     path = os.path.join(FIXTURES, *parts)
     if not os.path.exists(path):
-        check(False, "fixtures present", f"{path} not found (../shared/fixtures must be beside the repo)")
+        check(False, "fixtures present", f"{path} not found (hint: test/fixtures/ is part of the repository; "
+              "restore it with `git checkout -- test/fixtures`)")
         finish()
     return path
 
@@ -50,5 +52,22 @@ def rel_l2(a, b):
 
 def prompt_ids():
     import json
-    with open(need_fixtures("public", "index.json")) as f:
+    with open(need_fixtures("index.json")) as f:
         return json.load(f)["prompt"]["ids"]
+
+
+def tokenizer_dir():
+    """A folder with the fixture's tokenizer.json and tokenizer_config.json unpacked (build/test/tokenizer),
+    for tests that edit or copy the plain files; written once, again when a .gz is newer."""
+    import gzip
+    out = os.path.join(BUILD, "tokenizer")
+    os.makedirs(out, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        src, dst = need_fixtures("tokenizer", name + ".gz"), os.path.join(out, name)
+        if not os.path.exists(dst) or os.path.getmtime(dst) < os.path.getmtime(src):
+            with gzip.open(src, "rb") as f:
+                data = f.read()
+            with open(dst + ".tmp", "wb") as f:
+                f.write(data)
+            os.replace(dst + ".tmp", dst)
+    return out

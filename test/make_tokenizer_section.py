@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """make_tokenizer_section.py OUT CKPT_DIR [chatml|gemma|none] - writes the tokenizer section that
 export_weights.py embeds in a blob (export_tokenizer.build_tokenizer_section) to the file OUT, for tests,
-fuzzers and benchmarks. CKPT_DIR holds tokenizer.json and tokenizer_config.json."""
+fuzzers and benchmarks. CKPT_DIR holds tokenizer.json and tokenizer_config.json, or their .gz
+(test/fixtures/tokenizer)."""
 import os
 import sys
 

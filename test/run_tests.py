@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """run_tests.py - runs every test of zaya.c and ends with the line `N passed, N failed`.
 
-    python3 test/run_tests.py [--fixtures ../shared/fixtures] [--only NAME]
+    python3 test/run_tests.py [--fixtures test/fixtures] [--only NAME]
 
 Each test is a program that prints one line per check, `PASS <name>` or `FAIL <name>: <detail>`,
 and exits non-zero when anything failed. A test that exits non-zero without printing a FAIL line
-(a crash) counts as one failure. Missing fixtures are a failure, never a skip.
+(a crash) counts as one failure. Missing fixtures are a failure, never a skip. The fixtures are the
+compact set in the repository (test/fixtures/README.md): nothing beside the repository is read.
 """
 import argparse
 import os
@@ -37,13 +38,14 @@ TESTS = [
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fixtures", default="../shared/fixtures")
+    ap.add_argument("--fixtures", default="test/fixtures", help="a folder laid out like test/fixtures")
     ap.add_argument("--only", action="append", help="run only these tests (repeatable)")
     args = ap.parse_args()
     env = dict(os.environ, ZAYA_FIXTURES=os.path.abspath(os.path.join(ROOT, args.fixtures)))
     passed = failed = 0
     if not os.path.isdir(env["ZAYA_FIXTURES"]):
-        print(f"FAIL fixtures: {env['ZAYA_FIXTURES']} not found (the tests need ../shared/fixtures beside the repo)")
+        print(f"FAIL fixtures: {env['ZAYA_FIXTURES']} not found (hint: test/fixtures/ is part of the repository; "
+              "restore it with `git checkout -- test/fixtures`)")
         failed += 1
     for name, cmd in TESTS:
         if args.only and name not in args.only:

@@ -34,11 +34,11 @@ import struct
 import subprocess
 import zlib
 
-from harness import BUILD, ROOT, check, finish, need_fixtures
+from harness import BUILD, ROOT, check, finish, need_fixtures, tokenizer_dir
 
-PUBLIC = need_fixtures("public")
-CKPT = need_fixtures("public", "checkpoint_native")
-TOKDIR = need_fixtures("tokenizer", "model")
+FX = need_fixtures()
+CKPT = need_fixtures("checkpoint_native")
+TOKDIR = tokenizer_dir()
 BAD = os.path.join(BUILD, "bad")
 os.makedirs(BAD, exist_ok=True)
 EXES = ["./zaya", "./zaya_debug"]
@@ -283,7 +283,9 @@ blob_fails("entry offset misaligned", [efield(VEC, 168, u64(off_vec + 4))], [n_v
 blob_fails("entry offset beyond the file", [efield(VEC, 168, u64(SIZE + 64 * 1024))], [n_vec, "outside the data section"])
 blob_fails("entry offset huge (end wraps)", [efield(VEC, 168, u64(2 ** 64 - 64))], [n_vec, "outside the data section"])
 blob_fails("entry offset inside the header", [efield(VEC, 168, u64(64))], [n_vec, "outside the data section"])
-blob_fails("entry reaching into the tokenizer section", [efield(VEC, 168, u64(TOK_OFF - 64))], [n_vec, "outside the data section"])
+# its last 64-byte block (or all of it, if that is all it has) inside the tokenizer section
+blob_fails("entry reaching into the tokenizer section", [efield(VEC, 168, u64(TOK_OFF - (nb_vec - 1) // 64 * 64))],
+           [n_vec, "outside the data section"])
 blob_fails("two tensors overlap", [efield(VEC, 168, u64(off_mat))], ["overlap", "re-export"])
 blob_fails("group size on a float32 tensor", [efield(VEC, 188, u32(4))], [n_vec, "group size 4", "expected"])
 blob_fails("vector stored as bf16", [efield(VEC, 128, u32(1)), efield(VEC, 176, u64(nb_vec // 2))], [n_vec, "dtype 1", "expected"])
@@ -308,7 +310,7 @@ blob_fails("unknown extra tensor", extra_entry("model.layers.0.mlp.gate.router_s
 blob_fails("duplicated tensor", extra_entry(n_vec), [n_vec, "twice"])
 blob_fails("int8 matrix with a group size that does not divide its rows",
            [efield(MAT, 128, u32(2)), efield(MAT, 188, u32(3))], [NAMES[MAT], "group size 3", "expected"])
-blob_fails("int8 matrix with a wrong byte size", [efield(MAT, 128, u32(2)), efield(MAT, 188, u32(32))],
+blob_fails("int8 matrix with a wrong byte size", [efield(MAT, 128, u32(2)), efield(MAT, 188, u32(shape_mat[1] // 2))],
            [NAMES[MAT], "byte size", "expected", "found"])
 
 # --- the tokenizer section ---
@@ -405,7 +407,7 @@ with open(os.path.join(CKPT, "config.json")) as f:
     CONFIG = json.load(f)
 TOKJ, TOKC = os.path.join(TOKDIR, "tokenizer.json"), os.path.join(TOKDIR, "tokenizer_config.json")
 SAFE = os.path.join(CKPT, "model.safetensors")
-LEGACY_DIR = os.path.join(PUBLIC, "checkpoint_legacy")
+LEGACY_DIR = os.path.join(FX, "checkpoint_legacy")
 with open(SAFE, "rb") as f:
     (HN,) = struct.unpack("<Q", f.read(8))
     ST_HEADER = json.loads(f.read(HN))
@@ -553,7 +555,7 @@ pad_null = make_ckpt("cfg_pad_null", cfg_with(pad_token_id=None))
 rc, _, err = run(["python3", "export_weights.py", pad_null, os.path.join(BAD, "pad_null.bin")])
 check(rc == 0, "export_weights.py accepts pad_token_id null (as a missing one: 0; zaya.c never pads)", err[-300:])
 os.remove(os.path.join(BAD, "pad_null.bin")) if rc == 0 else None
-legacy = os.path.join(PUBLIC, "checkpoint_legacy", "config.json")
+legacy = os.path.join(FX, "checkpoint_legacy", "config.json")
 with open(legacy) as f:
     LEGACY = json.load(f)
 lcfg = dict(LEGACY)

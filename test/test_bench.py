@@ -4,11 +4,11 @@
 decode_vs_read reads, after each decode step, the weight bytes a decode step reads; its
 bytes_per_token must equal bench/bytes_per_token.py's total for the same blob (the two count those
 bytes independently: one from the loaded model's tensors, one from the blob's tensor directory).
-Checked on the public fixture at fp32, bf16 and int8, and on an odd-dimension checkpoint from
+Checked on the compact fixture (test/fixtures) at fp32, bf16 and int8, and on an odd-dimension checkpoint from
 bench/make_checkpoint.py (hidden 50, 5 experts, expert width 27: int8 groups that do not fill a
 block); at 1 and 2 threads; its --profile table (rows that add up, the step's tap pairs in order);
 plus its usage and error exits. Needs build/decode_vs_read (make test). And bench/bench.sh --contention
-runs on the public fixture (one round, one token: the code path, not its speed).
+runs on the compact fixture (one round, one token: the code path, not its speed).
 """
 import os
 import re
@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BUILD, ROOT, check, finish, need_fixtures, run  # noqa: E402
+from harness import BUILD, ROOT, check, finish, need_fixtures, tokenizer_dir, run  # noqa: E402
 from test_dims import small_tokenizer  # noqa: E402
 
 EXE = os.path.join(ROOT, "build", "decode_vs_read")
@@ -42,8 +42,10 @@ def paired(label, blob, threads, steps=3):
           f"decode_vs_read counts {m.group(3)}")
     check(int(m.group(1)) == threads and int(m.group(2)) == steps, f"{label}: threads and steps as asked",
           out.strip())
-    ok = all(float(m.group(i)) > 0 for i in range(4, 11)) and float(m.group(9)) <= float(m.group(8)) <= float(m.group(10))
-    check(ok, f"{label}: speeds and ratios positive, min <= median <= max", out.strip())
+    # the ratios print with 3 decimals: a step pair preempted on a loaded machine can print 0.000
+    ok = all(float(m.group(i)) > 0 for i in range(4, 7)) and all(float(m.group(i)) >= 0 for i in range(7, 11)) \
+        and float(m.group(9)) <= float(m.group(8)) <= float(m.group(10)) and float(m.group(10)) > 0
+    check(ok, f"{label}: speeds positive, ratios >= 0 (the largest > 0), min <= median <= max", out.strip())
 
 
 SEGMENT = re.compile(r"^ *([0-9.]+) ms +([0-9.]+) %  (.+) -> (.+)$")
@@ -78,18 +80,18 @@ def main():
     check(os.path.exists(EXE), "build/decode_vs_read exists", "run: make test (it builds it)")
     if not os.path.exists(EXE):
         finish()
-    ckpt = need_fixtures("public", "checkpoint_native")
+    ckpt = need_fixtures("checkpoint_native")
     os.makedirs(BUILD, exist_ok=True)
     for dtype in ("fp32", "bf16", "int8"):
-        blob = os.path.join(BUILD, f"bench_public_{dtype}.bin")
+        blob = os.path.join(BUILD, f"bench_fixture_{dtype}.bin")
         rc, _, err = run(["python3", "export_weights.py", ckpt, blob, "--dtype", dtype])
-        if check(rc == 0, f"export the public fixture ({dtype})", err[-500:]):
-            paired(f"public {dtype}", blob, 1)
-    paired("public int8", os.path.join(BUILD, "bench_public_int8.bin"), 2)
-    profiled("public int8", os.path.join(BUILD, "bench_public_int8.bin"), 2)
+        if check(rc == 0, f"export the fixture ({dtype})", err[-500:]):
+            paired(f"fixture {dtype}", blob, 1)
+    paired("fixture int8", os.path.join(BUILD, "bench_fixture_int8.bin"), 2)
+    profiled("fixture int8", os.path.join(BUILD, "bench_fixture_int8.bin"), 2)
 
     odd = os.path.join(BUILD, "bench_odd")
-    tok = small_tokenizer(need_fixtures("tokenizer", "model"), os.path.join(BUILD, "bench_tokenizer_1000"))
+    tok = small_tokenizer(tokenizer_dir(), os.path.join(BUILD, "bench_tokenizer_1000"))
     rc, _, err = run(["python3", "bench/make_checkpoint.py", odd, "--hidden", "50", "--layers", "3", "--heads", "2",
                       "--kv-heads", "2", "--head-dim", "16", "--experts", "5", "--moe-intermediate", "27",
                       "--router-hidden", "13", "--vocab", "997", "--cca-time0", "2", "--cca-time1", "3",
@@ -107,14 +109,14 @@ def main():
                             "--out", out_dir], env=dict(os.environ, ZAYA=os.path.join(ROOT, "zaya")))
         rows = [ln for ln in out.splitlines() if re.match(r"^\| [12] \| (quiet|busy) \| [0-9.]+ \(", ln)]
         check(rc == 0 and len(rows) == 4 and os.path.exists(os.path.join(out_dir, "contention-int8.md")),
-              "bench.sh --contention: a row per thread count and condition (1 round, 1 token, public fixture)",
+              "bench.sh --contention: a row per thread count and condition (1 round, 1 token, compact fixture)",
               f"exit {rc}, {len(rows)} rows; {out[-600:]!r} {err[-600:]!r}")
 
     rc, out, err = run([EXE])
     check(rc == 2 and "usage" in err, "no arguments: usage, exit 2", f"exit {rc}, {err.strip()[:200]!r}")
-    rc, out, err = run([EXE, os.path.join(BUILD, "bench_public_int8.bin"), "-n", "zero"])
+    rc, out, err = run([EXE, os.path.join(BUILD, "bench_fixture_int8.bin"), "-n", "zero"])
     check(rc == 2 and "-n needs a number" in err, "bad -n: what was wrong, exit 2", f"exit {rc}, {err.strip()[:200]!r}")
-    rc, out, err = run([EXE, os.path.join(BUILD, "bench_public_int8.bin"), "--ids", "2,x"])
+    rc, out, err = run([EXE, os.path.join(BUILD, "bench_fixture_int8.bin"), "--ids", "2,x"])
     check(rc == 2 and "item 2 is not a token id" in err, "bad --ids: which item, exit 2", f"exit {rc}, {err.strip()[:200]!r}")
     rc, out, err = run([EXE, os.path.join(BUILD, "no_such_blob.bin")])
     check(rc == 1 and "cannot open" in err and "hint" in err, "missing blob: the loader's message and hint, exit 1",

@@ -17,18 +17,18 @@ import os
 
 from harness import BUILD, FIXTURES, check, finish, need_fixtures, prompt_ids, run
 
-PUBLIC = need_fixtures("public")
+FX = need_fixtures()
 CASES = need_fixtures("tokenizer", "cases.jsonl")
 os.makedirs(BUILD, exist_ok=True)
 blob = os.path.join(BUILD, "cli_native.bin")
-rc, _, err = run(["python3", "export_weights.py", os.path.join(PUBLIC, "checkpoint_native"), blob])
+rc, _, err = run(["python3", "export_weights.py", os.path.join(FX, "checkpoint_native"), blob])
 check(rc == 0, "export the native fixture with its tokenizer", err[-300:])
 cases = {}
 with open(CASES) as f:
     for line in f:
         d = json.loads(line)
         cases[d["name"]] = d
-with open(os.path.join(PUBLIC, "index.json")) as f:
+with open(os.path.join(FX, "index.json")) as f:
     prompt = json.load(f)["prompt"]
 
 # -i TEXT = <bos> + encode(text, add_special_tokens=False): the fixture's own prompt ids
@@ -73,11 +73,11 @@ check(rc == 0 and fed[:len(want)] == want and fed[len(want):] == [106, 107],
 
 # greedy with --skip-expert passthrough from the legacy layout
 legacy = os.path.join(BUILD, "cli_legacy.bin")
-rc, _, err = run(["python3", "export_weights.py", os.path.join(PUBLIC, "checkpoint_legacy"), legacy])
+rc, _, err = run(["python3", "export_weights.py", os.path.join(FX, "checkpoint_legacy"), legacy])
 rc, out, err = run(["./zaya", legacy, "--ids", ",".join(map(str, prompt_ids())), "-n", "16", "-t", "0", "--print-ids",
                     "--skip-expert", "passthrough"])
 from harness import read_npy  # noqa: E402
-want = list(read_npy(os.path.join(PUBLIC, "golden_zyphra", "greedy_tokens.npy"))[1])
+want = list(read_npy(os.path.join(FX, "golden_zyphra", "greedy_tokens.npy"))[1])
 check(rc == 0 and [int(x) for x in out.strip().split(",")] == want,
       "legacy blob, --skip-expert passthrough: greedy tokens equal golden_zyphra", out[:200] + err[-200:])
 finish()

@@ -4,7 +4,7 @@
     make zaya build/test_decode && python3 test/test_dims.py
 
 1. The reference itself (test/ref_forward.py, written from the spec, not from zaya.c) is first checked
-   against the official goldens of ../shared/fixtures/public: native + skip zero vs golden/, legacy +
+   against the official goldens of test/fixtures: native + skip zero vs golden/, legacy +
    skip passthrough vs golden_zyphra/ (layer outputs, router indices, final norm, top-16 logits).
 2. Three small checkpoints with odd dimensions are generated with bench/make_checkpoint.py in both hub
    layouts (native and legacy), exported with export_weights.py, run with ./zaya --dump and with
@@ -28,7 +28,7 @@ import shutil
 import struct
 import subprocess
 
-from harness import ROOT, check, finish, need_fixtures, read_npy
+from harness import ROOT, check, finish, need_fixtures, tokenizer_dir, read_npy
 
 OUT = os.path.join(ROOT, "build", "dims")
 REL_TOL, ABS_FLOOR, MIN_MARGIN = 1e-5, 1e-2, 1e-4
@@ -195,8 +195,8 @@ def main():
     # ------------------------------------------------------------------------------------------
     # 0. build and fixtures
 
-    PUBLIC = need_fixtures("public")
-    TOKDIR = need_fixtures("tokenizer", "model")
+    FX = need_fixtures()
+    TOKDIR = tokenizer_dir()
     os.makedirs(OUT, exist_ok=True)
     rc, _, err = one(["make", "zaya", "build/test_decode"])
     check(rc == 0 and os.path.exists(os.path.join(ROOT, "zaya")), "make zaya build/test_decode", err.strip()[-500:])
@@ -206,18 +206,18 @@ def main():
     # ------------------------------------------------------------------------------------------
     # 1. the reference against the official code
 
-    with open(os.path.join(PUBLIC, "index.json")) as f:
+    with open(os.path.join(FX, "index.json")) as f:
         PROMPT = json.load(f)["prompt"]["ids"]
     T0 = len(PROMPT)
     LOGIT_POS = [0, T0 - 1]
     jobs = [("native", "golden", "zero"), ("legacy", "golden_zyphra", "passthrough")]
-    res = run_all([ref(os.path.join(PUBLIC, f"checkpoint_{lay}"), PROMPT, os.path.join(OUT, f"pub_{lay}"),
+    res = run_all([ref(os.path.join(FX, f"checkpoint_{lay}"), PROMPT, os.path.join(OUT, f"pub_{lay}"),
                        "--skip-expert", mode, "--logits", ",".join(map(str, LOGIT_POS))) for lay, _, mode in jobs])
     for (lay, gold, mode), (rc, _, err) in zip(jobs, res):
         label = f"ref_forward.py on checkpoint_{lay} (skip {mode}) vs {gold}"
         if not check(rc == 0, f"{label}: runs", err.strip()[-500:]):
             continue
-        d, g = os.path.join(OUT, f"pub_{lay}"), os.path.join(PUBLIC, gold)
+        d, g = os.path.join(OUT, f"pub_{lay}"), os.path.join(FX, gold)
         t, _ = load_dump(d)
         (L, T, H), hs = read_npy(os.path.join(g, "hidden_states.npy"))
         errs = [rel_err(tensor(d, t[f"model.layers.{i}.post_mlp_residual_scale"])[1], hs[i * T * H:(i + 1) * T * H])

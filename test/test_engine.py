@@ -3,7 +3,7 @@
 
     make zaya zaya_debug build/test_decode && python3 test/test_engine.py
 
-On ../shared/fixtures/public (both hub layouts): every layer output within relative L2 1e-5 of
+On the compact fixture test/fixtures (both hub layouts): every layer output within relative L2 1e-5 of
 golden/hidden_states.npy, logits within 1e-3 of the official top-16, router indices identical,
 greedy continuation identical; the same against golden_zyphra/ with --skip-expert passthrough;
 native and legacy exports give bit-identical logits; bf16 blobs give the fp32 blob's logits;
@@ -16,14 +16,14 @@ import struct
 
 from harness import BUILD, check, finish, need_fixtures, prompt_ids, read_npy, rel_l2, run
 
-PUBLIC = need_fixtures("public")
+FX = need_fixtures()
 os.makedirs(BUILD, exist_ok=True)
 IDS = ",".join(map(str, prompt_ids()))
 
 
 def export(layout, dtype="fp32"):
     out = os.path.join(BUILD, f"{layout}_{dtype}.bin")
-    rc, _, err = run(["python3", "export_weights.py", os.path.join(PUBLIC, f"checkpoint_{layout}"), out,
+    rc, _, err = run(["python3", "export_weights.py", os.path.join(FX, f"checkpoint_{layout}"), out,
                       "--dtype", dtype])
     check(rc == 0, f"export {layout} layout ({dtype})", err.strip()[-500:])
     return out
@@ -39,15 +39,15 @@ def dump(blob, name, *extra, exe="./zaya"):
 
 
 def against_golden(d, golden, label):
-    g = os.path.join(PUBLIC, golden)
+    g = os.path.join(FX, golden)
     (L, T, H), hs = read_npy(os.path.join(g, "hidden_states.npy"))
     worst = max(rel_l2(read_npy(os.path.join(d, f"model.layers.{l}.post_mlp_residual_scale.npy"))[1],
                        hs[l * T * H:(l + 1) * T * H]) for l in range(L))
-    check(worst <= 1e-5, f"{label}: every layer output within rel L2 1e-5 of {golden}/hidden_states",
+    check(worst <= 1e-5, f"{label}: every layer output within rel L2 1e-5 of {golden}/hidden_states (worst {worst:.2g})",
           f"worst rel L2 {worst:.3g}")
     _, fn = read_npy(os.path.join(g, "final_norm.npy"))
     e = rel_l2(read_npy(os.path.join(d, "model.norm.npy"))[1], fn)
-    check(e <= 1e-5, f"{label}: model.norm within rel L2 1e-5", f"rel L2 {e:.3g}")
+    check(e <= 1e-5, f"{label}: model.norm within rel L2 1e-5 ({e:.2g})", f"rel L2 {e:.3g}")
     _, ri = read_npy(os.path.join(g, "router_indices.npy"))
     bad = [(l, t) for l in range(L) for t, v in
            enumerate(read_npy(os.path.join(d, f"model.layers.{l}.mlp.gate.router_indices.npy"))[1])
@@ -66,7 +66,7 @@ def against_golden(d, golden, label):
         for i, v in enumerate(row):
             if v > floor and i not in ref:
                 outsider = (t, i, v)
-    check(worst <= 1e-3 and outsider is None, f"{label}: logits within 1e-3 of the official top-{K}",
+    check(worst <= 1e-3 and outsider is None, f"{label}: logits within 1e-3 of the official top-{K} (max {worst:.2g})",
           f"max abs error {worst:.3g}, id outside the official top-{K}: {outsider}")
     return logits
 
@@ -116,7 +116,7 @@ check(len(gen) == 8 and argmax == gen, "greedy generation (2 threads, no tap) = 
 for mode, golden in (("zero", "golden"), ("passthrough", "golden_zyphra")):
     rc, out, err = run(["./zaya", native, "--ids", IDS, "-n", "16", "-t", "0", "--print-ids", "--skip-expert", mode])
     got = [int(x) for x in out.strip().split(",")] if rc == 0 and out.strip() else None
-    want = list(read_npy(os.path.join(PUBLIC, golden, "greedy_tokens.npy"))[1])
+    want = list(read_npy(os.path.join(FX, golden, "greedy_tokens.npy"))[1])
     check(got == want, f"greedy 16 tokens equal {golden}/greedy_tokens.npy (--skip-expert {mode})",
           f"got {got}, want {want}; {err.strip()[-300:]}")
 
@@ -131,7 +131,7 @@ def compare(test_dir, ref_dir):
 refs = {}
 for golden in ("golden", "golden_zyphra"):
     refs[golden] = os.path.join(BUILD, f"ref_{golden}")
-    rc, _, err = run(["python3", "test/fixture_to_dump.py", os.path.join(PUBLIC, golden), refs[golden]])
+    rc, _, err = run(["python3", "test/fixture_to_dump.py", os.path.join(FX, golden), refs[golden]])
     check(rc == 0, f"fixture_to_dump.py {golden}", err.strip()[-300:])
 for d, golden in ((d_up, "golden"), (d_zf, "golden_zyphra")):
     rc, out, first = compare(d, refs[golden])
@@ -139,7 +139,7 @@ for d, golden in ((d_up, "golden"), (d_zf, "golden_zyphra")):
           f"exit {rc}: {first or out[-400:]}")
 
 (T, C), conv = read_npy(os.path.join(d_up, "model.layers.0.self_attn.qkv_proj.conv_qk_depthwise.npy"))
-L = read_npy(os.path.join(PUBLIC, "golden", "hidden_states.npy"))[0][0]
+L = read_npy(os.path.join(FX, "golden", "hidden_states.npy"))[0][0]
 layer, pos, chan = L // 2, T // 2, C // 3
 d_bad = os.path.join(BUILD, "native_zero_one_bad_conv")
 shutil.rmtree(d_bad, ignore_errors=True)
@@ -157,7 +157,7 @@ check(rc == 1 and first == f"FIRST DIVERGENCE: {name} at position {pos}",
       "compare.py names one wrong conv value (layer L/2, position T/2) as the first divergence", f"exit {rc}: {first!r}")
 
 (_, E1), _ = read_npy(os.path.join(d_up, "model.layers.0.mlp.gate.router_mlp.npy"))
-_, raw = read_npy(os.path.join(PUBLIC, "golden", "router_indices.npy"))
+_, raw = read_npy(os.path.join(FX, "golden", "router_indices.npy"))
 skips = sorted((t, l) for l in range(L) for t in range(T) if raw[l * T + t] == E1 - 1)
 d_pass = dump(native, "native_passthrough", "--skip-expert", "passthrough")
 rc, out, first = compare(d_pass, refs["golden"])

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 
-from harness import BUILD, ROOT, check, finish, need_fixtures
+from harness import BUILD, ROOT, check, finish, tokenizer_dir
 
 FUZZ = os.path.join(ROOT, "test", "fuzz")
 REG = os.path.join(FUZZ, "regressions")
@@ -64,7 +64,7 @@ tok_src = os.path.join(FUZZ, "fuzz_tokenizer.c")
 if check(os.path.exists(tok_src), "test/fuzz/fuzz_tokenizer.c is present"):
     section = os.path.join(BUILD, "fuzz_tokenizer_section.bin")
     if not os.path.exists(section):
-        rc, _, err = run([sys.executable, "test/make_tokenizer_section.py", section, need_fixtures("tokenizer", "model")])
+        rc, _, err = run([sys.executable, "test/make_tokenizer_section.py", section, tokenizer_dir()])
         check(rc == 0, "make the tokenizer section for the tokenizer replay", err[-500:])
     exe = os.path.join(BUILD, "replay_tokenizer")
     rc, _, err = run([cc, *SAN, "-o", exe, "test/fuzz/replay.c", "test/fuzz/fuzz_tokenizer.c", "tokenizer.c", "-lm"])

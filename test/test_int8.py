@@ -4,7 +4,7 @@
     make zaya && python3 test/test_int8.py
 
 Routing is discontinuous: a tiny quantization error can flip a near-tie top-1 choice and send a
-token down another expert, so int8 is judged like this on the public fixture:
+token down another expert, so int8 is judged like this on the compact fixture (test/fixtures):
 - every position before the first routing flip has logit cosine >= 0.999 against the official logits;
 - the first flip happens where the official biased top-1 margin is < 0.02 (larger would be a bug);
 - the median cosine over all positions >= 0.999; the same top-1 token at >= 85% of positions.
@@ -16,13 +16,13 @@ import math
 import os
 import shutil
 
-from harness import BUILD, check, finish, need_fixtures, prompt_ids, read_npy, run
+from harness import BUILD, check, finish, need_fixtures, tokenizer_dir, prompt_ids, read_npy, run
 from test_dims import small_tokenizer
 
-PUBLIC = need_fixtures("public")
+FX = need_fixtures()
 os.makedirs(BUILD, exist_ok=True)
 IDS = ",".join(map(str, prompt_ids()))
-CKPT = os.path.join(PUBLIC, "checkpoint_native")
+CKPT = os.path.join(FX, "checkpoint_native")
 
 
 def export_and_dump(dtype):
@@ -39,7 +39,7 @@ fp32_blob, ref, _ = export_and_dump("fp32")
 q8_blob, q8, log = export_and_dump("int8")
 check("rel L2 error" in log, "the exporter reports each tensor's quantization error", log[-300:])
 
-golden = os.path.join(PUBLIC, "golden")
+golden = os.path.join(FX, "golden")
 (L, T), want = read_npy(os.path.join(golden, "router_indices.npy"))
 _, margin = read_npy(os.path.join(golden, "router_margin.npy"))
 flips = []
@@ -95,7 +95,7 @@ check(rc == 0 and read_npy(os.path.join(d_t2, "logits.npy"))[1] == a,
 # interleaving, at group size 64 and 32, on 1 and 2 threads; and the sanitizer build (portable
 # kernels, rows left alone) too.
 def interleaved_rows_case():
-    tok = small_tokenizer(need_fixtures("tokenizer", "model"), os.path.join(BUILD, "interleave_tokenizer_1000"))
+    tok = small_tokenizer(tokenizer_dir(), os.path.join(BUILD, "interleave_tokenizer_1000"))
     ckpt = os.path.join(BUILD, "interleave_ckpt")
     rc, _, err = run(["python3", "bench/make_checkpoint.py", ckpt, "--hidden", "512", "--layers", "2", "--heads", "4",
                       "--kv-heads", "2", "--head-dim", "128", "--experts", "3", "--moe-intermediate", "512",

@@ -26,7 +26,7 @@ import struct
 import subprocess
 import sys
 
-from harness import BUILD, ROOT, check, finish, need_fixtures, run, read_npy
+from harness import BUILD, ROOT, check, finish, run, read_npy, tokenizer_dir
 
 sys.path.insert(0, os.path.join(ROOT, "test"))
 sys.path.insert(0, ROOT)
@@ -72,7 +72,7 @@ def greedy(blob):
 
 
 def main():
-    tokdir = need_fixtures("tokenizer", "model")
+    tokdir = tokenizer_dir()
     os.makedirs(OUT, exist_ok=True)
     rc, _, err = run(["make", "zaya"])
     if not check(rc == 0, "make zaya", err[-400:]):

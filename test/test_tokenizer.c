@@ -3,13 +3,13 @@
  * Normally run by test/test_tokenizer.py (which builds the section and the extra case file first):
  *   python3 test/test_tokenizer.py
  * By hand, from the repo root:
- *   mkdir -p build && python3 test/make_tokenizer_section.py build/tokenizer_section.bin ../shared/fixtures/tokenizer/model
+ *   mkdir -p build && python3 test/make_tokenizer_section.py build/tokenizer_section.bin test/fixtures/tokenizer
  *   cc -O2 -std=c11 -Wall -Wextra -Werror -pedantic -I. test/test_tokenizer.c tokenizer.c -o build/test_tokenizer
- *   build/test_tokenizer build/tokenizer_section.bin ../shared/fixtures/tokenizer/cases.jsonl \
- *       build/tokenizer_lossy.jsonl ../shared/fixtures/tokenizer/english_1mb.txt
+ *   build/test_tokenizer build/tokenizer_section.bin test/fixtures/tokenizer/cases.jsonl \
+ *       build/tokenizer_lossy.jsonl build/tokenizer_english.txt
  * Other modes used by test_tokenizer.py: --cases-only SECTION CASES (another vocabulary), --render SECTION.
- * (tokenizer_lossy.jsonl: random/invalid byte strings with Python's bytes.decode("utf-8", "replace"),
- * written by test_tokenizer.py.)
+ * (tokenizer_lossy.jsonl: random/invalid byte strings with Python's bytes.decode("utf-8", "replace");
+ * tokenizer_english.txt: the repository's Markdown repeated to 1 MB; both written by test_tokenizer.py.)
  *
  * Output: one line per check, "PASS <name>" or "FAIL <name>: <detail>"; exit status 1 if any FAIL.
  */

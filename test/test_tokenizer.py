@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """test_tokenizer.py - the tokenizer tests: export_tokenizer.py + tokenizer.c against the Hugging Face
-cases in ../shared/fixtures/tokenizer (or $ZAYA_FIXTURES/tokenizer), run from the repo root:
+cases in test/fixtures/tokenizer (or $ZAYA_FIXTURES/tokenizer), run from the repo root:
 
     python3 test/test_tokenizer.py
 
-It (1) builds the section with export_tokenizer.py into build/tokenizer_section.bin, (2) checks that
-export_tokenizer.py refuses bad inputs with a ValueError (and follows checkpoint pointer files),
-(3) writes build/tokenizer_lossy.jsonl (invalid UTF-8 / random bytes with Python's lossy decode),
+It (1) builds the section with export_tokenizer.py from the fixture's tokenizer.json.gz and
+tokenizer_config.json.gz into build/tokenizer_section.bin, (2) checks that export_tokenizer.py refuses
+bad inputs with a ValueError (and follows checkpoint pointer files, reads .gz files, prefers plain ones),
+(3) writes build/tokenizer_lossy.jsonl (invalid UTF-8 / random bytes with Python's lossy decode) and
+build/tokenizer_english.txt (the repository's own Markdown prose, repeated to 1 MB),
 (4) compiles and runs test/test_tokenizer.c (optimized, then under ASan/UBSan):
     cc -O2 -std=c11 -Wall -Wextra -Werror -pedantic -I. test/test_tokenizer.c tokenizer.c -o build/test_tokenizer
-    build/test_tokenizer build/tokenizer_section.bin FIXTURES/tokenizer/cases.jsonl \
-        build/tokenizer_lossy.jsonl FIXTURES/tokenizer/english_1mb.txt
+    build/test_tokenizer build/tokenizer_section.bin test/fixtures/tokenizer/cases.jsonl \
+        build/tokenizer_lossy.jsonl build/tokenizer_english.txt
 Output: one line per check, PASS <name> / FAIL <name>: <detail>; exit status 1 if anything failed.
 Missing fixtures are a failure, never a skip.
 """
@@ -25,11 +27,10 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-FIXTURES = os.environ.get("ZAYA_FIXTURES") or os.path.join(ROOT, "..", "shared", "fixtures")
-TOK = os.path.join(FIXTURES, "tokenizer")
-BUILD = os.path.join(ROOT, "build")
 import harness  # noqa: E402
 from harness import check as report  # noqa: E402
+TOK = os.path.join(harness.FIXTURES, "tokenizer")
+BUILD = os.path.join(ROOT, "build")
 
 
 def export_errors(model_dir):
@@ -150,6 +151,65 @@ def pointer_files(model_dir, ref):
         report(False, "export_tokenizer.py follows pointer files and symlinks", str(e))
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def gz_files(model_dir, ref):
+    """tokenizer.json.gz / tokenizer_config.json.gz: read when the plain file is absent (also through a
+    symlink or a pointer file), ignored when the plain file is there; a broken .gz is refused"""
+    import gzip
+    import export_tokenizer as et
+    d = tempfile.mkdtemp(prefix="zaya_tok_", dir=BUILD)
+    probs = []
+    try:
+        only, both, bad, ptr = (os.path.join(d, x) for x in ("only_gz", "both", "bad_gz", "pointer"))
+        for sub in (only, both, bad, ptr):
+            os.makedirs(sub)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            with open(os.path.join(model_dir, name), "rb") as f:
+                packed = gzip.compress(f.read(), mtime=0)
+            with open(os.path.join(only, name + ".gz"), "wb") as f:
+                f.write(packed)
+            shutil.copyfile(os.path.join(model_dir, name), os.path.join(both, name))
+            with open(os.path.join(both, name + ".gz"), "wb") as f:     # another file: the plain one must win
+                f.write(gzip.compress(b"{}"))
+            with open(os.path.join(bad, name + ".gz"), "wb") as f:
+                f.write(packed[:len(packed) // 2])
+            with open(os.path.join(ptr, name + ".gz"), "w") as f:
+                f.write(f"../only_gz/{name}.gz")
+        for label, sub in (("only .gz", only), ("plain and .gz", both), ("pointer to .gz", ptr)):
+            try:
+                if et.build_tokenizer_section(sub) != ref:
+                    probs.append(f"{label}: another section")
+            except ValueError as e:
+                probs.append(f"{label}: {e}")
+        try:
+            et.build_tokenizer_section(bad)
+            probs.append("truncated .gz accepted")
+        except ValueError as e:
+            if "gzip" not in str(e):
+                probs.append(f"truncated .gz: message without 'gzip': {str(e)[:100]!r}")
+        except Exception as e:   # noqa: BLE001 - the point of the test
+            probs.append(f"truncated .gz: {type(e).__name__}: {e}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    report(not probs, "export_tokenizer.py reads .gz tokenizer files when the plain ones are absent (plain ones win; "
+           "a truncated .gz is refused)", "; ".join(probs))
+
+
+def english_text(path, size=1000000):
+    """An English text for the long round trip: the repository's Markdown files, repeated to `size` bytes;
+    U+2581 is left out (the decoder turns it into a space by design)."""
+    parts = []
+    for top, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(x for x in dirs if x not in (".git", "build"))
+        parts += [os.path.join(top, f) for f in sorted(files) if f.endswith(".md")]
+    text = b""
+    for p in parts:
+        with open(p, "rb") as f:
+            text += f.read().replace("\u2581".encode(), b"_") + b"\n"
+    with open(path, "wb") as f:
+        f.write((text * (size // max(len(text), 1) + 1))[:size].rsplit(b"\n", 1)[0] + b"\n")
+    return path
 
 
 def lossy_cases(path):
@@ -329,24 +389,24 @@ def other_vocab(model_dir, texts):
 
 def main():
     os.makedirs(BUILD, exist_ok=True)
-    model_dir = os.path.join(TOK, "model")
-    need = [os.path.join(model_dir, "tokenizer.json"), os.path.join(model_dir, "tokenizer_config.json"),
-            os.path.join(TOK, "cases.jsonl"), os.path.join(TOK, "english_1mb.txt")]
+    need = [os.path.join(TOK, "tokenizer.json.gz"), os.path.join(TOK, "tokenizer_config.json.gz"),
+            os.path.join(TOK, "cases.jsonl")]
     missing = [p for p in need if not os.path.exists(p)]
     if missing:
-        report(False, "tokenizer fixtures", f"missing {', '.join(missing)} (set ZAYA_FIXTURES or put "
-               "../shared/fixtures beside the repo)")
+        report(False, "tokenizer fixtures", f"missing {', '.join(missing)} (hint: they are part of the repository; "
+               "restore them with `git checkout -- test/fixtures`)")
         return 1
+    model_dir = harness.tokenizer_dir()      # the same files unpacked, for the tests that edit them
     import export_tokenizer
     section_path = os.path.join(BUILD, "tokenizer_section.bin")
     try:
-        ref = export_tokenizer.build_tokenizer_section(model_dir)
+        ref = export_tokenizer.build_tokenizer_section(TOK)
     except ValueError as e:
-        report(False, "export_tokenizer.py builds the fixture section", str(e))
+        report(False, "export_tokenizer.py builds the fixture section from its .gz files", str(e))
         return 1
     with open(section_path, "wb") as f:
         f.write(ref)
-    report(True, f"export_tokenizer.py builds the fixture section ({len(ref) / 1e6:.1f} MB)")
+    report(True, f"export_tokenizer.py builds the fixture section from its .gz files ({len(ref) / 1e6:.1f} MB)")
     texts = []
     with open(os.path.join(TOK, "cases.jsonl")) as f:
         for line in f:
@@ -360,13 +420,15 @@ def main():
     if mini:
         export_errors(mini_dir)
         with open(mini[0], "rb") as f:
-            pointer_files(mini_dir, f.read())
+            sec = f.read()
+        pointer_files(mini_dir, sec)
+        gz_files(mini_dir, sec)
     lossy = os.path.join(BUILD, "tokenizer_lossy.jsonl")
     lossy_cases(lossy)
 
     cc = os.environ.get("CC", "cc")
     flags = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-I."]
-    args = [section_path, os.path.join(TOK, "cases.jsonl"), lossy, os.path.join(TOK, "english_1mb.txt")]
+    args = [section_path, os.path.join(TOK, "cases.jsonl"), lossy, english_text(os.path.join(BUILD, "tokenizer_english.txt"))]
     builds = [("test_tokenizer", ["-O2"]),
               ("test_tokenizer_asan", ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"])]
     for exe, opt in builds:

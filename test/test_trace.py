@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_trace.py - `./zaya --trace POS` prints the same numbers as `--dump`, and its explanations are right.
 
-On the public fixture (exported to build/test/trace_native.bin) and on a checkpoint of other dimensions
+On the compact fixture (test/fixtures, exported to build/test/trace_native.bin) and on a checkpoint of other dimensions
 (bench/make_checkpoint.py: 6 query / 2 KV heads of 32, CCA kernels 3+2, 3 experts, window 3, vocab 1000;
 build/test/trace_odd.bin), for several positions (the first, one inside and one after the sliding
 window, the last):
@@ -15,7 +15,7 @@ window, the last):
     chosen class equals router_indices (and "SKIP" is said exactly when it is the skip class);
   - the LM head's top-5 ids equal the 5 largest logits of the dump row;
   - --trace-layer N prints exactly the full trace's lines of layer N plus the model-level ones;
-    --batch 1 and -i TEXT (public fixture) print the same trace; no line is longer than 120 columns;
+    --batch 1 and -i TEXT (the fixture) print the same trace; no line is longer than 120 columns;
   - refused: a position outside the prompt, --trace with --dump, --trace-layer out of range.
 """
 import math
@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, BUILD, check, finish, need_fixtures, prompt_ids, read_npy, run  # noqa: E402
+from harness import ROOT, BUILD, check, finish, need_fixtures, tokenizer_dir, prompt_ids, read_npy, run  # noqa: E402
 
 REL = 1e-5
 MAIN = re.compile(r"^(\S+)\s+(\[[0-9,]*\])\s+(\S+)\s+(\S+)\s+(\S+)\s+(.*)$")
@@ -252,8 +252,8 @@ def check_blob(label, blob, ids, positions, config, text=None):
 
 def main():
     import json
-    native = need_fixtures("public", "checkpoint_native")
-    tokdir = need_fixtures("tokenizer", "model")
+    native = need_fixtures("checkpoint_native")
+    tokdir = tokenizer_dir()
     os.makedirs(BUILD, exist_ok=True)
     rc, _, err = run(["make", "zaya"])
     if not check(rc == 0, "make zaya", err[-300:]):
@@ -261,17 +261,18 @@ def main():
 
     blob = os.path.join(BUILD, "trace_native.bin")
     rc, _, err = run([sys.executable, "export_weights.py", native, blob])
-    if check(rc == 0, "export the public fixture", err[-300:]):
+    if check(rc == 0, "export the fixture", err[-300:]):
         with open(os.path.join(native, "config.json")) as f:
             cfg = json.load(f)
-        with open(need_fixtures("public", "index.json")) as f:
+        with open(need_fixtures("index.json")) as f:
             text = json.load(f)["prompt"]["text"]
         config = {"layers": cfg["num_hidden_layers"], "nq": cfg["num_attention_heads"], "nkv": cfg["num_key_value_heads"],
                   "d": cfg["head_dim"], "types": cfg["layer_types"], "window": cfg["sliding_window"],
                   "experts": cfg["num_experts"]}
         ids = prompt_ids()
-        # 0: zero-padded conv state; 7: window just full; 30: slid window, skip expert in layer 2; last
-        check_blob("public", blob, ids, [0, 7, 30, len(ids) - 1], config, text)
+        # 0: zero-padded conv state; 4: window (5) just full, skip expert in layers 1 and 2; 22: slid window,
+        # skip expert in layer 2; last
+        check_blob("fixture", blob, ids, [0, 4, 22, len(ids) - 1], config, text)
 
     odd_dir = os.path.join(BUILD, "trace_odd_ckpt")
     odd = os.path.join(BUILD, "trace_odd.bin")

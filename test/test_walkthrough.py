@@ -2,10 +2,9 @@
 """test_walkthrough.py - docs/walkthrough.md cannot go stale.
 
   - every generated block (<!-- trace: ... --> ... <!-- /trace -->) equals what ./zaya --trace prints
-    now on the public fixture (docs/make_walkthrough.py renders the document in memory; `make docs`
+    now on the compact fixture test/fixtures (docs/make_walkthrough.py renders the document in memory; `make docs`
     rewrites it);
-  - every step of architecture.md section 3 (3.1 .. 3.16, read from ../shared/docs/architecture.md when
-    it is there) and section 4 (decoding state) has a section `## 3.N` / `## 4.` with at least one
+  - every step of docs/architecture.md section 3 (3.1 .. 3.16) and section 4 (decoding state) has a section `## 3.N` / `## 4.` with at least one
     generated block;
   - every function any document of the repository names as `name()` is defined in its C or Python
     sources (or is a Python builtin).
@@ -18,14 +17,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs"))
-from harness import ROOT, BUILD, FIXTURES, check, finish, need_fixtures, prompt_ids, run  # noqa: E402
+from harness import ROOT, BUILD, check, finish, need_fixtures, prompt_ids, run  # noqa: E402
 import make_walkthrough  # noqa: E402
 
 DOC = os.path.join(ROOT, "docs", "walkthrough.md")
 
 
 def main():
-    native = need_fixtures("public", "checkpoint_native")
+    native = need_fixtures("checkpoint_native")
     if not check(os.path.exists(DOC), "docs/walkthrough.md exists"):
         finish()
     with open(DOC, encoding="utf-8") as f:
@@ -36,7 +35,7 @@ def main():
     os.makedirs(BUILD, exist_ok=True)
     blob = os.path.join(BUILD, "walkthrough.bin")
     rc, _, err = run([sys.executable, "export_weights.py", native, blob])
-    if check(rc == 0, "export the public fixture", err[-300:]):
+    if check(rc == 0, "export the fixture", err[-300:]):
         n_blocks = len(make_walkthrough.BLOCK.findall(doc))
         try:
             new = make_walkthrough.render(doc, blob, prompt_ids(), os.path.join(ROOT, "zaya"))
@@ -49,7 +48,7 @@ def main():
                   f"line {i + 1}: document {a[i] if i < len(a) else '(end)'!r} vs program {b[i] if i < len(b) else '(end)'!r}")
 
     # every step of the spec's section 3, and section 4, has a section with numbers
-    spec = os.path.join(FIXTURES, "..", "docs", "architecture.md")
+    spec = os.path.join(ROOT, "docs", "architecture.md")
     steps = []
     if os.path.exists(spec):
         with open(spec, encoding="utf-8") as f:

@@ -9,7 +9,7 @@
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c11 -I. test/fuzz/fuzz_tokenizer.c tokenizer.c \
  *       -o build/fuzz_tokenizer
- *   python3 test/make_tokenizer_section.py build/tokenizer_section.bin ../shared/fixtures/tokenizer/model
+ *   python3 test/make_tokenizer_section.py build/tokenizer_section.bin test/fixtures/tokenizer
  *   build/fuzz_tokenizer -max_total_time=60 -max_len=4096
  */
 #include "tokenizer.h"
