@@ -86,7 +86,7 @@ def make_dims(a):
         raise SystemExit("error: --heads (%d) must be a multiple of --kv-heads (%d)" % (d["nq"], d["nkv"]))
     if (d["nkv"] * d["d"]) % 2:
         raise SystemExit("error: kv_heads * head_dim must be even (value is split current/delayed)")
-    d["attention_bias"], d["lm_head_bias"] = a.attention_bias, a.lm_head_bias
+    d["attention_bias"], d["lm_head_bias"] = getattr(a, "attention_bias", False), getattr(a, "lm_head_bias", False)
     d["types"] = parse_layer_types(a.layer_types, d["L"])
     d["window"] = a.sliding_window
     if SLIDING in d["types"] and not a.sliding_window:
@@ -102,7 +102,8 @@ def make_dims(a):
 def native_config(dm, a):
     rope = {
         HYBRID: {"partial_rotary_factor": a.partial_rotary, "rope_theta": a.rope_theta, "rope_type": "default"},
-        SLIDING: {"partial_rotary_factor": a.partial_rotary, "rope_theta": a.rope_theta_sliding,
+        SLIDING: {"partial_rotary_factor": a.partial_rotary if a.partial_rotary_sliding is None else a.partial_rotary_sliding,
+                  "rope_theta": a.rope_theta_sliding,
                   "rope_type": "default"},
         "rope_type": "default",   # the stray entry of the published config (HF deletes it)
     }
@@ -143,6 +144,8 @@ def native_config(dm, a):
 
 
 def legacy_config(dm, a):
+    if a.partial_rotary_sliding not in (None, a.partial_rotary):
+        raise SystemExit("error: the legacy schema has one partial_rotary_factor (--partial-rotary-sliding is native only)")
     cfg = {
         "activation_func": "swiglu",
         "activation_func_fp8_input_store": False,
@@ -207,6 +210,9 @@ def base_config(dm, a):
     per-half-layer lists, num_attention_heads = 2 x the CCA query heads, head_dim = hidden / that,
     CCA kernels fixed at 2, one sliding_window for all layers (or none)."""
     nh = 2 * dm["nq"]
+    if a.partial_rotary_sliding not in (None, a.partial_rotary) or (SLIDING in dm["types"] and a.rope_theta_sliding != a.rope_theta):
+        raise SystemExit("error: the ZAYA1-base schema has one RoPE for all layers (give no --partial-rotary-sliding, "
+                         "and --rope-theta-sliding equal to --rope-theta)")
     if dm["H"] != nh * dm["d"]:
         raise SystemExit("error: the ZAYA1-base schema derives head_dim = hidden / (2 x heads): "
                          "--hidden must be 2 x --heads x --head-dim (%d)" % (nh * dm["d"]))
@@ -681,19 +687,30 @@ def load_dir(d):
 
 def expected_from_config(cfg):
     """Expected {name: shape} and layout from a config.json written by this tool (either layout)."""
-    legacy = "ffn_hidden_size" in cfg
-    ns = argparse.Namespace(
-        hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"], head_dim=cfg["head_dim"],
-        experts=cfg["num_experts"], vocab=cfg["vocab_size"], cca_time0=cfg["cca_time0"], cca_time1=cfg["cca_time1"],
-        layers=cfg["num_hidden_layers"] // (2 if legacy else 1),
-        kv_heads=cfg["num_query_groups"] if legacy else cfg["num_key_value_heads"],
-        moe_intermediate=cfg["ffn_hidden_size"] // 2 if legacy else cfg["moe_intermediate_size"],
-        router_hidden=cfg["zaya_mlp_expansion"] if legacy else cfg["router_hidden_size"],
-        layer_types="hybrid", sliding_window=None, bos=0, eos=0, pad=0)
+    base = "zaya_layers" in cfg
+    legacy = "ffn_hidden_size" in cfg or base
+    if base:
+        ns = argparse.Namespace(
+            hidden=cfg["hidden_size"], heads=cfg["cca_num_q_heads"][0],
+            head_dim=cfg["hidden_size"] // cfg["num_attention_heads"], experts=cfg["zaya_layers"][1],
+            vocab=cfg["vocab_size"], cca_time0=2, cca_time1=2, layers=len(cfg["zaya_layers"]) // 2,
+            kv_heads=cfg["num_query_groups_list"][0], moe_intermediate=cfg["ffn_hidden_size_list"][1] // 2,
+            router_hidden=cfg["zaya_mlp_expansion"][1])
+    else:
+        ns = argparse.Namespace(
+            hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"], head_dim=cfg["head_dim"],
+            experts=cfg["num_experts"], vocab=cfg["vocab_size"], cca_time0=cfg["cca_time0"], cca_time1=cfg["cca_time1"],
+            layers=cfg["num_hidden_layers"] // (2 if legacy else 1),
+            kv_heads=cfg["num_query_groups"] if legacy else cfg["num_key_value_heads"],
+            moe_intermediate=cfg["ffn_hidden_size"] // 2 if legacy else cfg["moe_intermediate_size"],
+            router_hidden=cfg["zaya_mlp_expansion"] if legacy else cfg["router_hidden_size"])
+    ns.layer_types, ns.sliding_window, ns.bos, ns.eos, ns.pad = "hybrid", None, 0, 0, 0
+    ns.attention_bias, ns.lm_head_bias = bool(cfg.get("attention_bias")), bool(cfg.get("lm_head_bias"))
     dm = make_dims(ns)
     native = native_tensors(dm, 0.05)
-    items = layout_tensors(native, "legacy" if legacy else "native", dm["L"])
-    return ("legacy" if legacy else "native"), {it[0]: list(it[1]) for it in items}, sum(t.numel for t in native)
+    layout = "base" if base else "legacy" if legacy else "native"
+    items = layout_tensors(native, layout, dm["L"])
+    return layout, {it[0]: list(it[1]) for it in items}, sum(t.numel for t in native)
 
 
 def verify(d):
@@ -820,6 +837,8 @@ def build_parser():
     p.add_argument("--rope-theta", type=float, default=5000000.0)
     p.add_argument("--rope-theta-sliding", type=float, default=10000.0)
     p.add_argument("--partial-rotary", type=float, default=0.5)
+    p.add_argument("--partial-rotary-sliding", type=float, default=None,
+                   help="native layout: another partial_rotary_factor for the hybrid_sliding layers")
     p.add_argument("--max-position", type=int, default=131072)
     p.add_argument("--bos", type=int, default=2)
     p.add_argument("--eos", type=int, default=106)
