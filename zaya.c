@@ -1480,7 +1480,7 @@ static void attention_block(const ZayaModel *m, ZayaState *s, int layer, int n) 
         TAP(layer, pos, "self_attn.qkv_proj.k_proj", u + (size_t)nq * d, nkv * d);
         cca_qk(c, L, ls, s, layer, pos, u, q, k);                                /* CCA convs + residual mix */
 
-        /* 3.6 values: KV heads [0, nkv/2) = v_proj_current(h_t), [nkv/2, nkv) = v_proj_delayed(h_{t-1}) */
+        /* 3.6 values: channels [0, vhalf) = v_proj_current(h_t), then v_proj_delayed(h_{t-1}), viewed as nkv heads */
         TAP(layer, pos, "self_attn.qkv_proj.v_proj_current", v, vhalf);
         TAP(layer, pos, "self_attn.qkv_proj.v_proj_delayed", s->vd + (size_t)t * vhalf, vhalf);
         memcpy(v + vhalf, ls->delayed_value, (size_t)vhalf * sizeof(float));
