@@ -6,10 +6,13 @@
 
 CKPT_DIR is a folder as published on the hub: config.json, model.safetensors (or sharded
 model-0000N-of-0000M.safetensors + model.safetensors.index.json), tokenizer.json and
-tokenizer_config.json. Both hub layouts are accepted and give the same blob:
-  native  (Zyphra/ZAYA1-8B, transformers' ZayaForCausalLM): 40 hybrid layers;
-  legacy  (Zyphra/ZAYA1-8B-legacy, Zyphra's fork): 80 half-layers, renamed to native names here
-          (docs/architecture.md section 2.4; the engine knows one layout only).
+tokenizer_config.json. Every ZAYA1 schema is accepted and gives the same blob (docs/checkpoints.md):
+  native  (Zyphra/ZAYA1-8B, ZAYA1-74B-preview; transformers' ZayaForCausalLM): hybrid layers;
+  legacy  (the -legacy repos, Zyphra's fork branch zaya1-legacy): 2L half-layers, renamed to native
+          names here (docs/architecture.md section 2.4; the engine knows one layout only);
+  base    (ZAYA1-base, ZAYA1-reasoning-base, fork branch zaya): per-half-layer config lists, legacy
+          tensor names (section 2.5); the lists must be uniform.
+An option the official code computes but zaya.c does not is refused as a limitation of zaya.c.
 
 The blob layout is described in docs/blob-format.md and mirrored by zaya.c (ZayaFileHeader).
 Python standard library only. Tensors are streamed in chunks, so peak memory stays far below the
