@@ -223,8 +223,23 @@ def need(cfg, key, kind, where, check=None, expected=None):
     return v
 
 
+# transformers' ZayaConfig defaults (configuration_zaya.py): a key the config.json leaves out takes these
+HF_DEFAULTS = {"vocab_size": 262272, "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 8,
+               "num_key_value_heads": 2, "head_dim": 128, "num_experts": 16, "num_experts_per_tok": 1,
+               "moe_intermediate_size": 2048, "router_hidden_size": 256, "cca_time0": 2, "cca_time1": 2,
+               "rms_norm_eps": 1e-5, "eos_token_id": 106}
+HF_DEFAULT_ROPE = {"hybrid": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
+                   "hybrid_sliding": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
+
+
 def native_config(cfg, path):
-    """The config the engine needs, from the native (transformers ZayaConfig) schema."""
+    """The config the engine needs, from the native (transformers ZayaConfig) schema; a missing key
+    takes ZayaConfig's default, as in the official code."""
+    cfg = {**HF_DEFAULTS, **cfg}
+    if "layer_types" not in cfg and type(cfg["num_hidden_layers"]) is int:
+        cfg["layer_types"] = ["hybrid"] * cfg["num_hidden_layers"]
+    if "rope_parameters" not in cfg:
+        cfg["rope_parameters"] = HF_DEFAULT_ROPE
     pos = lambda v: v > 0
     c = {k: need(cfg, k, int, path, pos) for k in (
         "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -270,8 +285,8 @@ def native_config(cfg, path):
     c["max_position_embeddings"] = opt("max_position_embeddings", 131072)
     c["bos_token_id"] = opt("bos_token_id", 2)
     c["pad_token_id"] = opt("pad_token_id", 0)      # unused by zaya.c: a config without one (or null) gets 0
-    eos = cfg.get("eos_token_id", 1)
-    c["eos_token_ids"] = eos if isinstance(eos, list) else [eos]
+    eos = cfg["eos_token_id"]                       # null: no end-of-sequence id
+    c["eos_token_ids"] = eos if isinstance(eos, list) else [] if eos is None else [eos]
     return c
 
 

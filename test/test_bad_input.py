@@ -496,11 +496,36 @@ export_fails("config.json not UTF-8", make_ckpt("cfg_latin1", config_text="{\"a\
              ["config.json"])
 export_fails("config.json a list", make_ckpt("cfg_list", config_text="[1, 2, 3]"), ["config.json is not a JSON object"])
 export_fails("config.json a number", make_ckpt("cfg_num", config_text="42"), ["config.json is not a JSON object"])
-for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "num_experts", "moe_intermediate_size", "router_hidden_size", "rms_norm_eps", "layer_types", "rope_parameters"):
+# a key left out takes transformers' ZayaConfig default, as in the official code: the export then works if
+# the default is the fixture's value, else the weights' shapes disagree with it
+HF_DEFAULTS = {"vocab_size": 262272, "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 8,
+               "num_key_value_heads": 2, "head_dim": 128, "num_experts": 16, "moe_intermediate_size": 2048,
+               "router_hidden_size": 256, "rms_norm_eps": 1e-5}
+for key, default in HF_DEFAULTS.items():
     cfg = dict(CONFIG)
     del cfg[key]
-    export_fails(f"config.json without {key}", make_ckpt(f"cfg_no_{key}", cfg), [key, "config.json"])
+    if CONFIG[key] == default:
+        out = os.path.join(BAD, f"no_{key}.bin")
+        rc, _, err = run(["python3", "export_weights.py", make_ckpt(f"cfg_no_{key}", cfg), out], timeout=300)
+        check(rc == 0, f"export_weights.py config.json without {key}: ZayaConfig's default {default} (= the fixture's) is used",
+              err[-300:])
+        if os.path.exists(out):
+            os.remove(out)
+    elif key == "num_hidden_layers":   # 40 layers by default: layer_types (6 entries) no longer fits
+        export_fails(f"config.json without {key} (default {default})", make_ckpt(f"cfg_no_{key}", cfg),
+                     ["layer_types", "40 entries", "expected", "found"])
+    else:
+        export_fails(f"config.json without {key} (default {default}: the weights disagree)", make_ckpt(f"cfg_no_{key}", cfg),
+                     ["wrong shape", "expected", "found"])
+for key in ("layer_types", "rope_parameters"):
+    cfg = dict(CONFIG)
+    del cfg[key]
+    out = os.path.join(BAD, f"no_{key}.bin")
+    rc, _, err = run(["python3", "export_weights.py", make_ckpt(f"cfg_no_{key}", cfg), out], timeout=300)
+    check(rc == 0 and "Traceback" not in err, f"export_weights.py config.json without {key}: ZayaConfig's default is used",
+          err[-300:])
+    if os.path.exists(out):
+        os.remove(out)
 
 
 def cfg_with(**kw):
