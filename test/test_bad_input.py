@@ -171,6 +171,12 @@ zaya_fails("directory instead of a file", [BAD, "--ids", "2"], ["not a regular f
 empty = os.path.join(BAD, "empty.bin")
 open(empty, "wb").close()
 zaya_fails("empty file", [empty, "--ids", "2"], ["too small", "expected", "0 bytes", "re-export"])
+huge = os.path.join(BAD, "sparse_1TB.bin")   # a sparse file: no disk used; --hugepages checks its size first
+with open(huge, "wb") as f:
+    f.truncate(1 << 40)
+zaya_fails("--hugepages with a blob larger than the available RAM", [huge, "--hugepages", "--ids", "2"],
+           ["too big for --hugepages", "MemAvailable", "expected", "found", "1099.51 GB", "without --hugepages"])
+os.remove(huge)
 zaya_fails("safetensors file instead of a blob", [os.path.join(CKPT, "model.safetensors"), "--ids", "2"],
            ["not a zaya.c model", "magic", "ZAYABLOB", "export_weights.py"])
 text = os.path.join(BAD, "text.bin")
