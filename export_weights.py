@@ -494,7 +494,7 @@ def expected_tensors(c):
          ("model.input_hidden_states_scale", (H,), "f32"),
          ("model.input_hidden_states_bias", (H,), "f32")]
     scales = ("hidden_states_scale", "hidden_states_bias", "residual_scale", "residual_bias")
-    bias = c["attention_bias"]
+    bias = c.get("attention_bias", False)     # (callers such as test/fuzz build c without the optional keys)
     for i in range(L):
         p = f"model.layers.{i}."
         a = p + "self_attn.qkv_proj."
@@ -531,7 +531,7 @@ def expected_tensors(c):
               (p + "mlp.experts.down_proj", (E, H, I), "matrix")]
         t += [(p + "post_mlp_residual_scale." + s, (H,), "f32") for s in scales]
     t.append(("model.norm.weight", (H,), "f32"))
-    if c["lm_head_bias"]:          # the tied head's own bias (nn.Linear(H, V, bias=lm_head_bias))
+    if c.get("lm_head_bias"):      # the tied head's own bias (nn.Linear(H, V, bias=lm_head_bias))
         t.append(("lm_head.bias", (V,), "f32"))
     return t
 
@@ -721,8 +721,8 @@ def pack_header(c, layout, wformat, group, n_tensors, data_off, tok_off, tok_siz
                      *(eos + [-1] * (MAX_EOS - len(eos))), *rot, c["rms_norm_eps"],
                      c["rope_theta"]["hybrid"], c["rope_theta"]["hybrid_sliding"],
                      c["partial_rotary_factor"]["hybrid"], c["partial_rotary_factor"]["hybrid_sliding"], 1,
-                     (1 if c["attention_bias"] else 0) | (2 if c["lm_head_bias"] else 0),
-                     0.0 if c["router_norm_eps"] == c["rms_norm_eps"] else c["router_norm_eps"])
+                     (1 if c.get("attention_bias") else 0) | (2 if c.get("lm_head_bias") else 0),
+                     c.get("router_norm_eps", c["rms_norm_eps"]) if c.get("router_norm_eps", c["rms_norm_eps"]) != c["rms_norm_eps"] else 0.0)
     h[256:256 + L] = bytes(LAYER_TYPES[t] for t in c["layer_types"])
     prov = json.dumps(provenance, sort_keys=True).encode()[:511]
     h[512:512 + len(prov)] = prov
@@ -764,7 +764,7 @@ def check_config_limits(c, path):
                  "zaya.c supports the published ZAYA1 configuration and its smaller variants")
     f32_max = 3.4028234663852886e38
     for key in ("rms_norm_eps", "router_norm_eps"):
-        if not 0 < c[key] < 1:
+        if not 0 < c.get(key, c["rms_norm_eps"]) < 1:
             fail(f"config value '{key}' is out of range", path, "0 < eps < 1", c[key])
     for t in LAYER_TYPES:
         if not 0 < c["rope_theta"][t] < f32_max:
