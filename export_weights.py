@@ -6,11 +6,14 @@
 
 CKPT_DIR is a folder as published on the hub: config.json, model.safetensors (or sharded
 model-0000N-of-0000M.safetensors + model.safetensors.index.json), tokenizer.json and
-tokenizer_config.json (or their gzipped .gz, read when the plain file is absent; the plain file wins when
-both are there). Both hub layouts are accepted and give the same blob:
-  native  (Zyphra/ZAYA1-8B, transformers' ZayaForCausalLM): 40 hybrid layers;
-  legacy  (Zyphra/ZAYA1-8B-legacy, Zyphra's fork): 80 half-layers, renamed to native names here
-          (docs/architecture.md section 2.4; the engine knows one layout only).
+tokenizer_config.json (or their gzipped .gz, read when the plain file is absent; the plain file wins
+when both are there). Every ZAYA1 schema is accepted and gives the same blob (docs/checkpoints.md):
+  native  (Zyphra/ZAYA1-8B, ZAYA1-74B-preview; transformers' ZayaForCausalLM): hybrid layers;
+  legacy  (the -legacy repos, Zyphra's fork branch zaya1-legacy): 2L half-layers, renamed to native
+          names here (docs/architecture.md section 2.4; the engine knows one layout only);
+  base    (ZAYA1-base, ZAYA1-reasoning-base, fork branch zaya): per-half-layer config lists, legacy
+          tensor names (section 2.5); the lists must be uniform.
+An option the official code computes but zaya.c does not is refused as a limitation of zaya.c.
 
 Quantized expert checkpoints (Zyphra's FP8-Experts / MXFP4-Experts, compressed-tensors
 `quantization_config`) are recognised and their experts dequantized exactly as the official code does
@@ -52,6 +55,9 @@ DTYPE_CODES = {"fp32": 0, "bf16": 1, "int8": 2}   # tensor dtypes in the blob
 LAYER_TYPES = {"hybrid": 0, "hybrid_sliding": 1}
 ST_DTYPE_SIZE = {"F32": 4, "BF16": 2, "F16": 2}    # safetensors dtypes we can read
 QUANT_ST_DTYPE_SIZE = {"F8_E4M3": 1, "U8": 1, "F8_E8M0": 1}   # only in quantized expert checkpoints
+
+
+LIMITATION = "this is a limitation of zaya.c, not a problem with the checkpoint"
 
 
 class ExportError(Exception):
@@ -224,8 +230,23 @@ def need(cfg, key, kind, where, check=None, expected=None):
     return v
 
 
+# transformers' ZayaConfig defaults (configuration_zaya.py): a key the config.json leaves out takes these
+HF_DEFAULTS = {"vocab_size": 262272, "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 8,
+               "num_key_value_heads": 2, "head_dim": 128, "num_experts": 16, "num_experts_per_tok": 1,
+               "moe_intermediate_size": 2048, "router_hidden_size": 256, "cca_time0": 2, "cca_time1": 2,
+               "rms_norm_eps": 1e-5, "eos_token_id": 106}
+HF_DEFAULT_ROPE = {"hybrid": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
+                   "hybrid_sliding": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}
+
+
 def native_config(cfg, path):
-    """The config the engine needs, from the native (transformers ZayaConfig) schema."""
+    """The config the engine needs, from the native (transformers ZayaConfig) schema; a missing key
+    takes ZayaConfig's default, as in the official code."""
+    cfg = {**HF_DEFAULTS, **cfg}
+    if "layer_types" not in cfg and type(cfg["num_hidden_layers"]) is int:
+        cfg["layer_types"] = ["hybrid"] * cfg["num_hidden_layers"]
+    if "rope_parameters" not in cfg:
+        cfg["rope_parameters"] = HF_DEFAULT_ROPE
     pos = lambda v: v > 0
     c = {k: need(cfg, k, int, path, pos) for k in (
         "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -235,7 +256,8 @@ def native_config(cfg, path):
     c["rms_norm_eps"] = need(cfg, "rms_norm_eps", float, path, pos)
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
-        fail("config value 'hidden_act' is not supported", path, "'silu'", repr(act))
+        fail("config value 'hidden_act' is not supported by zaya.c", path, "'silu'", repr(act),
+             LIMITATION + "; the experts' activation is SiLU in every published ZAYA1 checkpoint")
     types = need(cfg, "layer_types", list, path)
     if len(types) != c["num_hidden_layers"] or any(not isinstance(t, str) or t not in LAYER_TYPES for t in types):
         fail("config value 'layer_types' is not supported", path,
@@ -250,8 +272,8 @@ def native_config(cfg, path):
                 fail(f"rope_parameters has no entry for layer type '{t}'", path)
             p = rope.get("hybrid", {})
         if p.get("rope_type", "default") != "default":
-            fail("unsupported RoPE type", f"{path}: rope_parameters.{t}.rope_type", "'default'",
-                 repr(p.get("rope_type")))
+            fail("RoPE type is not supported by zaya.c", f"{path}: rope_parameters.{t}.rope_type", "'default'",
+                 repr(p.get("rope_type")), LIMITATION + " (only the plain RoPE of the published checkpoints)")
         c["rope_theta"][t] = need(p, "rope_theta", float, f"{path}: rope_parameters.{t}", pos)
         c["partial_rotary_factor"][t] = (need(p, "partial_rotary_factor", float, f"{path}: rope_parameters.{t}",
                                               lambda v: 0 < v <= 1, "a number in (0, 1]")
@@ -260,60 +282,98 @@ def native_config(cfg, path):
     if "hybrid_sliding" in types and not (isinstance(sw, int) and sw > 0):
         fail("config has hybrid_sliding layers but no sliding_window", path, "a positive integer", repr(sw))
     c["sliding_window"] = sw if isinstance(sw, int) and sw > 0 else 0
-    for key, want in (("attention_bias", False), ("lm_head_bias", False), ("tie_word_embeddings", True)):
-        if cfg.get(key, want) != want:
-            fail(f"config value '{key}' is not supported", path, repr(want), repr(cfg.get(key)),
-                 "zaya.c implements the published ZAYA1 configuration")
+    for key in ("attention_bias", "lm_head_bias"):     # biases of q/k/v/o_proj and of the LM head
+        c[key] = need(cfg, key, bool, path) if cfg.get(key) is not None else False
+    if cfg.get("tie_word_embeddings", True) is not True:
+        fail("config value 'tie_word_embeddings' is not supported by zaya.c", path, "true", repr(cfg.get("tie_word_embeddings")),
+             LIMITATION + ": the LM head is the embedding (every published ZAYA1 checkpoint ties them)")
+    c["router_norm_eps"] = c["rms_norm_eps"]        # the base schema's fork code may use another one
     opt = lambda key, default: default if cfg.get(key) is None else need(cfg, key, int, path)  # noqa: E731
     c["max_position_embeddings"] = opt("max_position_embeddings", 131072)
     c["bos_token_id"] = opt("bos_token_id", 2)
     c["pad_token_id"] = opt("pad_token_id", 0)      # unused by zaya.c: a config without one (or null) gets 0
-    eos = cfg.get("eos_token_id", 1)
-    c["eos_token_ids"] = eos if isinstance(eos, list) else [eos]
+    eos = cfg["eos_token_id"]                       # null: no end-of-sequence id
+    c["eos_token_ids"] = eos if isinstance(eos, list) else [] if eos is None else [eos]
     return c
 
 
-def legacy_to_native_config(cfg, path):
-    """Zyphra fork schema -> native schema (CONV convert_config, docs/architecture.md 2.4)."""
-    for key, want in (("zaya_use_eda", True), ("cca", True), ("scale_residual_merge", True),
-                      ("gated_linear_unit", True)):
-        if cfg.get(key, want) != want:
-            fail(f"legacy config value '{key}' is not supported", path, repr(want), repr(cfg.get(key)))
+def fork_common_checks(cfg, path, schema):
+    """Flags of Zyphra's fork (both schemas) that change the computation: refused unless as published."""
+    for key in ("zaya_use_eda", "zaya_use_mod", "cca", "scale_residual_merge", "gated_linear_unit"):
+        if cfg.get(key, True) is not True:
+            fail(f"{schema} config value '{key}' is not supported by zaya.c", path, "true", repr(cfg.get(key)),
+                 LIMITATION + " (it implements the published ZAYA1 architecture: CCA, EDA router, skip expert, "
+                 "scaled residuals, SwiGLU experts)")
     if cfg.get("activation_func", "swiglu") != "swiglu":
-        fail("legacy config value 'activation_func' is not supported", path, "'swiglu'",
-             repr(cfg.get("activation_func")))
+        fail(f"{schema} config value 'activation_func' is not supported by zaya.c", path, "'swiglu'",
+             repr(cfg.get("activation_func")), LIMITATION)
+    if cfg.get("add_bias_linear", False) is not False:
+        fail(f"{schema} config value 'add_bias_linear' is not supported by zaya.c", path, "false",
+             repr(cfg.get("add_bias_linear")), LIMITATION + ": in Zyphra's fork add_bias_linear adds biases to the "
+             "expert MLPs (linear_fc1/fc2), which neither zaya.c nor the native ZayaForCausalLM has; the attention "
+             "biases come from 'attention_bias'")
     if cfg.get("rope_scaling") not in (None, False):
-        fail("legacy config value 'rope_scaling' is not supported", path, "null or false", repr(cfg["rope_scaling"]))
+        fail(f"{schema} config value 'rope_scaling' is not supported by zaya.c", path, "null or false",
+             repr(cfg["rope_scaling"]), LIMITATION + " (only the plain RoPE of the published checkpoints)")
+    if cfg.get("moe_router_topk", 1) != 1:
+        fail(f"{schema} config value 'moe_router_topk' is not supported", path, "1", repr(cfg.get("moe_router_topk")),
+             "ZAYA1 routes every token to one expert; the official code supports top-1 only")
+    for key in ("attention_bias", "lm_head_bias", "tie_word_embeddings"):
+        if key in cfg and not isinstance(cfg[key], bool):
+            fail(f"{schema} config value '{key}' is not supported", path, "true or false", repr(cfg[key]))
+
+
+def legacy_to_native_config(cfg, path):
+    """Zyphra fork schema (branch zaya1-legacy: 2L half-layers, scalar fields) -> native schema
+    (docs/architecture.md 2.4). Defaults are the fork's ZayaConfig defaults."""
     if "zaya_layers" in cfg:
-        fail("this is the older per-half-layer ZAYA1-base schema", path,
-             hint="only the ZAYA1-8B native and legacy layouts are supported")
+        return base_to_native_config(cfg, path)
+    fork_common_checks(cfg, path, "legacy")
     half = need(cfg, "num_hidden_layers", int, path, lambda v: v > 0 and v % 2 == 0, "an even number of half-layers")
     need(cfg, "ffn_hidden_size", int, path, lambda v: v > 0 and v % 2 == 0, "an even positive integer (2 x expert width)")
     need(cfg, "zaya_mlp_expansion", int, path, lambda v: v > 0, "a positive integer (router hidden size)")
+    nkv = cfg.get("num_query_groups", cfg.get("num_key_value_heads", 2))
+    if "num_key_value_heads" in cfg and cfg["num_key_value_heads"] != nkv:
+        fail("legacy config has num_query_groups != num_key_value_heads", path, f"both {nkv}",
+             repr(cfg["num_key_value_heads"]), "the fork asserts they are equal (CCA uses one, the attention the other)")
+    if cfg.get("sliding_window") is not None:
+        fail("legacy config value 'sliding_window' is not supported by zaya.c", path, "null (windows come from swa_layers)",
+             repr(cfg["sliding_window"]), LIMITATION + ": the fork's per-half-layer 'swa_layers' is what ZAYA1 checkpoints use")
     layers = half // 2
     swa = cfg.get("swa_layers") or [0] * half
-    if not isinstance(swa, list) or len(swa) != half or not all(isinstance(w, int) and w >= 0 for w in swa):
-        fail("legacy config value 'swa_layers' is not supported", path, f"{half} non-negative integers", repr(swa))
+    if not isinstance(swa, list) or len(swa) != half or not all(type(w) is int and w >= 0 for w in swa):
+        fail("legacy config value 'swa_layers' is not supported", path, f"{half} non-negative integers", repr(swa)[:200])
+    windows = sorted({w for w in swa[::2] if w > 0})
+    if len(windows) > 1:
+        j = next(k for k in range(0, half, 2) if swa[k] == windows[1])
+        fail("legacy config value 'swa_layers' is not uniform", f"{path}: swa_layers[{j}] (half-layer {j})",
+             f"one window for every sliding half-layer ({windows[0]})", swa[j],
+             LIMITATION + ": the blob holds one sliding_window")
+    if any(swa[1::2]):
+        j = next(k for k in range(1, half, 2) if swa[k])
+        fail("legacy config value 'swa_layers' sets a window on an MoE half-layer", f"{path}: swa_layers[{j}]",
+             "0 on odd (MoE) half-layers", swa[j])
     types = ["hybrid" if w == 0 else "hybrid_sliding" for w in swa[::2]]
-    prf = cfg.get("partial_rotary_factor", 1.0)      # checked by native_config below
+    prf = cfg.get("partial_rotary_factor", 0.5)      # checked by native_config below
+    if windows and cfg.get("swa_rotary_base") is None:
+        fail("legacy config has sliding half-layers (swa_layers) but no 'swa_rotary_base'", path,
+             "a number (the RoPE theta of the sliding layers)", None, "the fork needs it to build the sliding layers' RoPE")
     native = {
-        "vocab_size": cfg.get("vocab_size"), "hidden_size": cfg.get("hidden_size"),
-        "num_hidden_layers": layers, "num_attention_heads": cfg.get("num_attention_heads"),
-        "num_key_value_heads": cfg.get("num_query_groups", cfg.get("num_key_value_heads")),
-        "head_dim": cfg.get("head_dim"), "num_experts": cfg.get("num_experts"),
+        "vocab_size": cfg.get("vocab_size", 262272), "hidden_size": cfg.get("hidden_size"),
+        "num_hidden_layers": layers, "num_attention_heads": cfg.get("num_attention_heads", 8),
+        "num_key_value_heads": nkv, "head_dim": cfg.get("head_dim", 128), "num_experts": cfg.get("num_experts", 16),
         "num_experts_per_tok": cfg.get("moe_router_topk", 1),
-        "moe_intermediate_size": (cfg.get("ffn_hidden_size") // 2
-                                  if isinstance(cfg.get("ffn_hidden_size"), int) else None),
-        "router_hidden_size": cfg.get("zaya_mlp_expansion"), "cca_time0": cfg.get("cca_time0", 2),
+        "moe_intermediate_size": cfg["ffn_hidden_size"] // 2,
+        "router_hidden_size": cfg["zaya_mlp_expansion"], "cca_time0": cfg.get("cca_time0", 2),
         "cca_time1": cfg.get("cca_time1", 2), "rms_norm_eps": cfg.get("norm_epsilon", 1e-5),
         "hidden_act": "silu", "layer_types": types,
         "rope_parameters": {
-            "hybrid": {"rope_type": "default", "rope_theta": cfg.get("rope_theta", 10000.0),
+            "hybrid": {"rope_type": "default", "rope_theta": cfg.get("rope_theta", 5000000.0),
                        "partial_rotary_factor": prf},
             "hybrid_sliding": {"rope_type": "default", "rope_theta": cfg.get("swa_rotary_base", 10000.0),
                                "partial_rotary_factor": prf}},
-        "sliding_window": max(swa) + 1 if max(swa) > 0 else None,
-        "attention_bias": cfg.get("add_bias_linear", False),
+        "sliding_window": windows[0] + 1 if windows else None,   # the fork's mask keeps window + 1 keys
+        "attention_bias": cfg.get("attention_bias", False),     # the fork: q/k/val_proj1/val_proj2/o_proj biases
         "lm_head_bias": cfg.get("lm_head_bias", False),
         "tie_word_embeddings": cfg.get("tie_word_embeddings", True),
     }
@@ -321,6 +381,109 @@ def legacy_to_native_config(cfg, path):
         if k in cfg:
             native[k] = cfg[k]
     return native_config(native, path + " (legacy schema, converted)")
+
+
+def uniform(cfg, key, path, picks, what):
+    """The one value of per-half-layer list cfg[key] at the half-layers `picks`; refuses other lists."""
+    v = cfg.get(key)
+    n = max(picks) + 1
+    if not isinstance(v, list) or len(v) < n or not all(type(x) is int and not isinstance(x, bool) for x in v):
+        fail(f"ZAYA1-base config value '{key}' is not supported", path, f"a list of {n}+ integers (one per half-layer)",
+             repr(v)[:200])
+    first = v[picks[0]]
+    for j in picks:
+        if v[j] != first:
+            fail(f"ZAYA1-base config value '{key}' is not uniform", f"{path}: {key}[{j}] (half-layer {j}, {what})",
+                 f"{first} (as at half-layer {picks[0]})", v[j],
+                 LIMITATION + ": every layer of a zaya.c model has the same shape")
+    return first
+
+
+def base_to_native_config(cfg, path):
+    """The older per-half-layer schema of ZAYA1-base / ZAYA1-reasoning-base (Zyphra's fork, branch
+    `zaya`) -> native schema. Mirrors that branch's code: head_dim = hidden_size / num_attention_heads,
+    num_attention_heads / 2 query heads, CCA kernels 2 and 2, the router RMSNorm's epsilon from
+    `layernorm_epsilon` (default 1e-6), one sliding_window for every layer if set."""
+    fork_common_checks(cfg, path, "ZAYA1-base")
+    zl = cfg["zaya_layers"]
+    if not isinstance(zl, list) or not zl or len(zl) % 2:
+        fail("ZAYA1-base config value 'zaya_layers' is not supported", path,
+             "a list alternating 'a' (attention) and an expert count, even length", repr(zl)[:200])
+    half = len(zl)
+    if cfg.get("num_hidden_layers", half) != half:
+        fail("ZAYA1-base config: num_hidden_layers differs from the length of zaya_layers", path, half,
+             cfg.get("num_hidden_layers"), "the fork builds one half-layer per zaya_layers entry")
+    for j, e in enumerate(zl):
+        if (j % 2 == 0) != (e == "a") or (j % 2 == 1 and not (type(e) is int and e > 0)):
+            fail("ZAYA1-base config value 'zaya_layers' is not supported", f"{path}: zaya_layers[{j}] (half-layer {j})",
+                 "'a' on even half-layers, a positive expert count on odd ones", repr(e),
+                 LIMITATION + ": a zaya.c layer is one attention half-layer followed by one MoE half-layer")
+    att, moe = list(range(0, half, 2)), list(range(1, half, 2))
+    experts = zl[1]
+    for j in moe:
+        if zl[j] != experts:
+            fail("ZAYA1-base config value 'zaya_layers' is not uniform", f"{path}: zaya_layers[{j}] (half-layer {j}, MoE)",
+                 f"{experts} experts (as at half-layer 1)", zl[j], LIMITATION + ": every layer of a zaya.c model has the same shape")
+    H = need(cfg, "hidden_size", int, path, lambda v: v > 0)
+    nh = need(cfg, "num_attention_heads", int, path, lambda v: v > 0 and v % 2 == 0,
+              "an even number (the fork uses num_attention_heads / 2 query heads)")
+    if H % nh:
+        fail("ZAYA1-base config: hidden_size is not a multiple of num_attention_heads", path,
+             f"a multiple of {nh}", H, "the fork's head_dim is hidden_size / num_attention_heads")
+    d = H // nh
+    if cfg.get("head_dim") is not None and cfg["head_dim"] != d:
+        fail("ZAYA1-base config: head_dim differs from hidden_size / num_attention_heads", path, d, cfg["head_dim"],
+             "the fork's CCA uses hidden_size / num_attention_heads, its RoPE uses head_dim: they must agree")
+    nq = uniform(cfg, "cca_num_q_heads", path, att, "attention")
+    if nq != nh // 2:
+        fail("ZAYA1-base config: cca_num_q_heads is not num_attention_heads / 2", f"{path}: cca_num_q_heads[0]",
+             nh // 2, nq, "the fork views the CCA queries as num_attention_heads / 2 heads")
+    nkv = uniform(cfg, "num_query_groups_list", path, att, "attention")
+    if cfg.get("num_key_value_heads", nkv) != nkv:
+        fail("ZAYA1-base config: num_query_groups_list differs from num_key_value_heads", f"{path}: num_query_groups_list[0]",
+             cfg.get("num_key_value_heads"), nkv, "the fork's CCA uses the list, its attention num_key_value_heads")
+    if nkv <= 0 or nq % nkv:
+        fail("ZAYA1-base config: query heads are not a multiple of the KV heads", path,
+             f"cca_num_q_heads a multiple of num_query_groups_list ({nkv})", nq)
+    ffn = uniform(cfg, "ffn_hidden_size_list", path, moe, "MoE")
+    if ffn <= 0 or ffn % 2:
+        fail("ZAYA1-base config value 'ffn_hidden_size_list' is not supported", f"{path}: ffn_hidden_size_list[1]",
+             "an even positive integer (2 x expert width)", ffn)
+    R = uniform(cfg, "zaya_mlp_expansion", path, moe, "MoE")
+    for key in ("cca_time0", "cca_time1"):
+        if cfg.get(key, 2) != 2:
+            fail(f"ZAYA1-base config value '{key}' is not supported", path, "2 (or absent)", repr(cfg[key]),
+                 "the fork's ZAYA1-base code ignores it and always uses 2; a config that sets another value is ambiguous")
+    for key in ("swa_layers", "swa_rotary_base", "layer_types", "rope_parameters"):
+        if cfg.get(key) is not None:
+            fail(f"ZAYA1-base config has '{key}'", path, "no such key in the per-half-layer schema", repr(cfg[key])[:100],
+                 "this mixes two schemas; export the checkpoint as it was published")
+    sw = cfg.get("sliding_window")
+    if sw is not None and not (type(sw) is int and sw > 0):
+        fail("ZAYA1-base config value 'sliding_window' is not supported", path, "null or a positive integer", repr(sw))
+    L = half // 2
+    prf = cfg.get("partial_rotary_factor", 0.5)
+    theta = cfg.get("rope_theta", 10000.0)
+    rope = {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": prf}
+    native = {
+        "vocab_size": cfg.get("vocab_size", 262272), "hidden_size": H, "num_hidden_layers": L,
+        "num_attention_heads": nq, "num_key_value_heads": nkv, "head_dim": d, "num_experts": experts,
+        "num_experts_per_tok": cfg.get("moe_router_topk", 1), "moe_intermediate_size": ffn // 2,
+        "router_hidden_size": R, "cca_time0": 2, "cca_time1": 2, "rms_norm_eps": cfg.get("norm_epsilon", 1e-5),
+        "hidden_act": "silu", "layer_types": ["hybrid_sliding" if sw else "hybrid"] * L,
+        "rope_parameters": {"hybrid": rope, "hybrid_sliding": rope},
+        "sliding_window": sw,              # the fork's causal mask keeps sliding_window keys, on every layer
+        "attention_bias": cfg.get("attention_bias", False), "lm_head_bias": cfg.get("lm_head_bias", False),
+        "tie_word_embeddings": cfg.get("tie_word_embeddings", True),
+        "max_position_embeddings": cfg.get("max_position_embeddings", 4096), "bos_token_id": cfg.get("bos_token_id", 2),
+        "pad_token_id": cfg.get("pad_token_id", 0), "eos_token_id": cfg.get("eos_token_id", 1),
+    }
+    c = native_config(native, path + " (ZAYA1-base schema, converted)")
+    eps = cfg.get("layernorm_epsilon", 1e-6)       # the fork's ZayaRouter: rmsnorm_eda eps
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        fail("ZAYA1-base config value 'layernorm_epsilon' is not supported", path, "a number in (0, 1)", repr(eps))
+    c["router_norm_eps"] = float(eps)
+    return c
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,6 +501,7 @@ def expected_tensors(c):
          ("model.input_hidden_states_scale", (H,), "f32"),
          ("model.input_hidden_states_bias", (H,), "f32")]
     scales = ("hidden_states_scale", "hidden_states_bias", "residual_scale", "residual_bias")
+    bias = c.get("attention_bias", False)     # (callers such as test/fuzz build c without the optional keys)
     for i in range(L):
         p = f"model.layers.{i}."
         a = p + "self_attn.qkv_proj."
@@ -345,13 +509,19 @@ def expected_tensors(c):
               (a + "q_proj.weight", (nq * d, H), "matrix"),
               (a + "k_proj.weight", (nkv * d, H), "matrix"),
               (a + "v_proj_current.weight", (nkv * d // 2, H), "matrix"),
-              (a + "v_proj_delayed.weight", (nkv * d // 2, H), "matrix"),
-              (a + "conv_qk_depthwise.weight", (C, 1, c["cca_time0"]), "f32"),
+              (a + "v_proj_delayed.weight", (nkv * d // 2, H), "matrix")]
+        if bias:                   # attention_bias: nn.Linear biases of q/k/v_current/v_delayed (and o_proj)
+            t += [(a + "q_proj.bias", (nq * d,), "f32"), (a + "k_proj.bias", (nkv * d,), "f32"),
+                  (a + "v_proj_current.bias", (nkv * d // 2,), "f32"),
+                  (a + "v_proj_delayed.bias", (nkv * d // 2,), "f32")]
+        t += [(a + "conv_qk_depthwise.weight", (C, 1, c["cca_time0"]), "f32"),
               (a + "conv_qk_depthwise.bias", (C,), "f32"),
               (a + "conv_qk_grouped.weight", (C, d, c["cca_time1"]), "f32"),
               (a + "conv_qk_grouped.bias", (C,), "f32"),
               (p + "self_attn.qk_norm.temp", (nkv,), "f32"),
               (p + "self_attn.o_proj.weight", (H, nq * d), "matrix")]
+        if bias:
+            t.append((p + "self_attn.o_proj.bias", (H,), "f32"))
         t += [(p + "post_attention_residual_scale." + s, (H,), "f32") for s in scales]
         g = p + "mlp.gate."
         t += [(p + "post_attention_layernorm.weight", (H,), "f32"),
@@ -368,6 +538,8 @@ def expected_tensors(c):
               (p + "mlp.experts.down_proj", (E, H, I), "matrix")]
         t += [(p + "post_mlp_residual_scale." + s, (H,), "f32") for s in scales]
     t.append(("model.norm.weight", (H,), "f32"))
+    if c.get("lm_head_bias"):      # the tied head's own bias (nn.Linear(H, V, bias=lm_head_bias))
+        t.append(("lm_head.bias", (V,), "f32"))
     return t
 
 
@@ -378,7 +550,7 @@ def legacy_sources(native_name, c):
     fixed = {"model.embed_tokens.weight": "model.embed_tokens.weight",
              "model.input_hidden_states_scale": "model.layers.0.res_scale.hidden_states_scale",
              "model.input_hidden_states_bias": "model.layers.0.res_scale.hidden_states_bias",
-             "model.norm.weight": "model.final_norm.weight"}
+             "model.norm.weight": "model.final_norm.weight", "lm_head.bias": "lm_head.bias"}
     if native_name in fixed:
         return [fixed[native_name]]
     m = re.match(r"model\.layers\.(\d+)\.(.*)$", native_name)
@@ -395,6 +567,11 @@ def legacy_sources(native_name, c):
         "self_attn.qkv_proj.k_proj.weight": att + "self_attn.qkv.linear_k.weight",
         "self_attn.qkv_proj.v_proj_current.weight": att + "self_attn.qkv.val_proj1.weight",
         "self_attn.qkv_proj.v_proj_delayed.weight": att + "self_attn.qkv.val_proj2.weight",
+        "self_attn.qkv_proj.q_proj.bias": att + "self_attn.qkv.linear_q.bias",
+        "self_attn.qkv_proj.k_proj.bias": att + "self_attn.qkv.linear_k.bias",
+        "self_attn.qkv_proj.v_proj_current.bias": att + "self_attn.qkv.val_proj1.bias",
+        "self_attn.qkv_proj.v_proj_delayed.bias": att + "self_attn.qkv.val_proj2.bias",
+        "self_attn.o_proj.bias": att + "self_attn.o_proj.bias",
         "self_attn.qkv_proj.conv_qk_depthwise.weight": att + "self_attn.qkv.conv_qk.0.weight",
         "self_attn.qkv_proj.conv_qk_depthwise.bias": att + "self_attn.qkv.conv_qk.0.bias",
         "self_attn.qkv_proj.conv_qk_grouped.weight": att + "self_attn.qkv.conv_qk.1.weight",
@@ -543,14 +720,16 @@ def pack_header(c, layout, wformat, group, n_tensors, data_off, tok_off, tok_siz
     h = bytearray(HEADER_SIZE)
     struct.pack_into("<8sIIQQIIIIQQQ", h, 0, MAGIC, FORMAT_VERSION, 0, file_size, HEADER_SIZE, n_tensors,
                      DTYPE_CODES[wformat], group, 0 if layout == "native" else 1, data_off, tok_off, tok_size)
-    struct.pack_into("<14I2iI4i2I5fI", h, 128,
+    struct.pack_into("<14I2iI4i2I5fIIf", h, 128,
                      c["vocab_size"], c["hidden_size"], L, c["num_attention_heads"], c["num_key_value_heads"],
                      c["head_dim"], c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"],
                      c["router_hidden_size"], c["cca_time0"], c["cca_time1"], c["sliding_window"],
                      c["max_position_embeddings"], c["bos_token_id"], c["pad_token_id"], len(eos),
                      *(eos + [-1] * (MAX_EOS - len(eos))), *rot, c["rms_norm_eps"],
                      c["rope_theta"]["hybrid"], c["rope_theta"]["hybrid_sliding"],
-                     c["partial_rotary_factor"]["hybrid"], c["partial_rotary_factor"]["hybrid_sliding"], 1)
+                     c["partial_rotary_factor"]["hybrid"], c["partial_rotary_factor"]["hybrid_sliding"], 1,
+                     (1 if c.get("attention_bias") else 0) | (2 if c.get("lm_head_bias") else 0),
+                     c.get("router_norm_eps", c["rms_norm_eps"]) if c.get("router_norm_eps", c["rms_norm_eps"]) != c["rms_norm_eps"] else 0.0)
     h[256:256 + L] = bytes(LAYER_TYPES[t] for t in c["layer_types"])
     prov = json.dumps(provenance, sort_keys=True).encode()[:511]
     h[512:512 + len(prov)] = prov
@@ -591,8 +770,9 @@ def check_config_limits(c, path):
             fail(f"config value '{key}' is out of range", path, f"{lo}..{hi}", c[key],
                  "zaya.c supports the published ZAYA1 configuration and its smaller variants")
     f32_max = 3.4028234663852886e38
-    if not 0 < c["rms_norm_eps"] < 1:
-        fail("config value 'rms_norm_eps' is out of range", path, "0 < eps < 1", c["rms_norm_eps"])
+    for key in ("rms_norm_eps", "router_norm_eps"):
+        if not 0 < c.get(key, c["rms_norm_eps"]) < 1:
+            fail(f"config value '{key}' is out of range", path, "0 < eps < 1", c[key])
     for t in LAYER_TYPES:
         if not 0 < c["rope_theta"][t] < f32_max:
             fail(f"config value 'rope_parameters.{t}.rope_theta' is out of range", path, "a positive float32",
@@ -605,8 +785,9 @@ def check_config_limits(c, path):
         (L <= MAX_LAYERS, "num_hidden_layers", f"<= {MAX_LAYERS}", L),
         (c["num_attention_heads"] % c["num_key_value_heads"] == 0, "num_attention_heads",
          f"a multiple of num_key_value_heads ({c['num_key_value_heads']})", c["num_attention_heads"]),
-        (c["num_key_value_heads"] % 2 == 0, "num_key_value_heads",
-         "even (half of the value heads are current, half delayed)", c["num_key_value_heads"]),
+        ((c["num_key_value_heads"] * d) % 2 == 0, "num_key_value_heads",
+         f"num_key_value_heads x head_dim ({d}) even: v_proj_current and v_proj_delayed have half of those "
+         "channels each (the official code cannot view an odd count as heads either)", c["num_key_value_heads"]),
         (len(c["eos_token_ids"]) <= MAX_EOS and all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < c["vocab_size"]
                                                     for e in c["eos_token_ids"]),
          "eos_token_id", f"at most {MAX_EOS} ids below vocab_size", c["eos_token_ids"]),
@@ -614,7 +795,8 @@ def check_config_limits(c, path):
     for t in LAYER_TYPES:
         rot = c["head_dim"] * c["partial_rotary_factor"][t]
         checks.append((0 < int(rot) <= d and int(rot) % 2 == 0, f"rope_parameters.{t}.partial_rotary_factor",
-                       f"head_dim x factor an even number in 2..{d}", c["partial_rotary_factor"][t]))
+                       f"int(head_dim x factor) an even number in 2..{d} (an odd or zero rotary width is a "
+                       "limitation of zaya.c)", c["partial_rotary_factor"][t]))
     for ok, key, expected, found in checks:
         if not ok:
             fail(f"config value '{key}' is not supported", path, expected, found)
@@ -708,7 +890,11 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
         tok = export_tokenizer.build_tokenizer_section(ckpt, chat_format)
     except ValueError as e:
         raise ExportError(str(e))
-    log(f"checkpoint: {ckpt} ({layout} layout, {len(where)} tensors, "
+    if "zaya_layers" in cfg and layout == "legacy":
+        layout_note = "ZAYA1-base schema, legacy tensor names"
+    else:
+        layout_note = f"{layout} layout"
+    log(f"checkpoint: {ckpt} ({layout_note}, {len(where)} tensors, "
         f"{c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_experts']} experts)")
 
     # Layout of the file: header, directory, data (page-aligned start, 64-byte aligned tensors), tokenizer.

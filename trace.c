@@ -226,16 +226,19 @@ static void explain_conv(const ZayaTrace *t, int grouped) {
 
 static void explain_value(const ZayaTrace *t) {
     const ZayaConfig *c = &t->m->config;
-    const int half = c->num_kv_heads / 2;
-    char cur[32], del[32];
-    if (half == 1) snprintf(cur, sizeof cur, "KV head 0");
+    const int half = c->num_kv_heads / 2, vhalf = c->num_kv_heads * c->head_dim / 2;
+    char cur[48], del[48];
+    if (c->num_kv_heads % 2)   /* odd: the middle head straddles the two halves (architecture.md 3.6) */
+        snprintf(cur, sizeof cur, "channels 0..%d", vhalf - 1), snprintf(del, sizeof del, "channels %d..%d", vhalf, 2 * vhalf - 1);
+    else if (half == 1) snprintf(cur, sizeof cur, "KV head 0");
     else snprintf(cur, sizeof cur, "KV heads 0..%d", half - 1);
-    if (c->num_kv_heads - half == 1) snprintf(del, sizeof del, "head %d", half);
-    else snprintf(del, sizeof del, "heads %d..%d", half, c->num_kv_heads - 1);
+    if (c->num_kv_heads % 2 == 0 && c->num_kv_heads - half == 1) snprintf(del, sizeof del, "head %d", half);
+    else if (c->num_kv_heads % 2 == 0) snprintf(del, sizeof del, "heads %d..%d", half, c->num_kv_heads - 1);
     if (t->pos > 0)
         note(t, "%s = v_proj_current(h at pos %d); %s = v_proj_delayed(h at pos %d), kept from the previous token",
              cur, t->pos, del, t->pos - 1);
-    else note(t, "%s = v_proj_current(h at pos 0); %s = v_proj_delayed(0) = 0 (no previous token)", cur, del);
+    else note(t, "%s = v_proj_current(h at pos 0); %s = v_proj_delayed(0) = %s (no previous token)", cur, del,
+              c->attention_bias ? "its bias" : "0");
     note(t, "delayed-value state after this token: v_proj_delayed(h at pos %d) (the line above)", t->pos);
 }
 

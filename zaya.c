@@ -201,15 +201,22 @@ static int read_config(ZayaConfig *c, const unsigned char *h, const char *path, 
     c->rope_dim[0] = (int)rd_u32(p + 84);
     c->rope_dim[1] = (int)rd_u32(p + 88);
     c->rms_norm_eps = rd_f32(p + 92);
+    const uint32_t flags = rd_u32(p + 116);   /* bit 0 attention_bias, bit 1 lm_head_bias */
+    c->attention_bias = (int)(flags & 1);
+    c->lm_head_bias = (int)(flags >> 1 & 1);
+    c->router_norm_eps = rd_f32(p + 120);      /* 0: the same as rms_norm_eps */
+    if (flags > 3)
+        return fail(err, errlen, "%s: config flags are unknown\n  expected: bits 0 (attention_bias) and 1 (lm_head_bias) only\n  found:    0x%x\n  %s", path, flags, HINT_REEXPORT);
+    if (c->router_norm_eps == 0.0f) c->router_norm_eps = rd_f32(p + 92);
     c->rope_theta[0] = rd_f32(p + 96);
     c->rope_theta[1] = rd_f32(p + 100);
     c->partial_rotary_factor[0] = rd_f32(p + 104);
     c->partial_rotary_factor[1] = rd_f32(p + 108);
     memcpy(c->layer_types, h + 256, ZAYA_MAX_LAYERS);
 
-    if (c->num_heads % c->num_kv_heads != 0 || c->num_kv_heads % 2 != 0)
-        return fail(err, errlen, "%s: config has %d query heads and %d KV heads\n  expected: an even number of KV heads that divides the query heads\n  %s",
-                    path, c->num_heads, c->num_kv_heads, HINT_REEXPORT);
+    if (c->num_heads % c->num_kv_heads != 0 || (c->num_kv_heads * c->head_dim) % 2 != 0)
+        return fail(err, errlen, "%s: config has %d query heads and %d KV heads of %d\n  expected: KV heads that divide the query heads, KV heads x head_dim even (half current, half delayed value channels)\n  %s",
+                    path, c->num_heads, c->num_kv_heads, c->head_dim, HINT_REEXPORT);
     for (int k = 0; k < 2; k++)
         if (c->rope_dim[k] < 2 || c->rope_dim[k] > c->head_dim || c->rope_dim[k] % 2 ||
             !(c->rope_theta[k] > 0.0f) || !isfinite(c->rope_theta[k]))
@@ -225,8 +232,8 @@ static int read_config(ZayaConfig *c, const unsigned char *h, const char *path, 
         return fail(err, errlen, "%s: config tie_word_embeddings is not supported\n  expected: 1 (the LM head is the embedding)\n  found:    %u\n  %s", path, rd_u32(p + 112), HINT_REEXPORT);
     if (memchr(h + 512, 0, 512) == NULL)
         return fail(err, errlen, "%s: header provenance is not NUL-terminated\n  expected: a NUL within its 512 bytes\n  found:    none\n  %s", path, HINT_REEXPORT);
-    if (!(c->rms_norm_eps > 0.0f) || !(c->rms_norm_eps < 1.0f))
-        return fail(err, errlen, "%s: config rms_norm_eps is out of range\n  expected: 0 < eps < 1\n  found:    %g\n  %s", path, (double)c->rms_norm_eps, HINT_REEXPORT);
+    if (!(c->rms_norm_eps > 0.0f) || !(c->rms_norm_eps < 1.0f) || !(c->router_norm_eps > 0.0f) || !(c->router_norm_eps < 1.0f))
+        return fail(err, errlen, "%s: config rms_norm_eps or router_norm_eps is out of range\n  expected: 0 < eps < 1\n  found:    %g, %g\n  %s", path, (double)c->rms_norm_eps, (double)c->router_norm_eps, HINT_REEXPORT);
     int ids[2 + ZAYA_MAX_EOS] = {c->bos_id, c->pad_id};
     for (int k = 0; k < c->n_eos; k++) ids[2 + k] = c->eos_ids[k];
     for (int k = 0; k < 2 + c->n_eos; k++)
@@ -252,7 +259,8 @@ static int bind_tensors(ZayaModel *m, Loader *ld) {
     if (load_matrix(ld, &m->embed_tokens, "model.embed_tokens.weight", 0, (uint64_t)c->vocab_size, H) ||
         load_vector(ld, &m->input_hidden_states_scale, "model.input_hidden_states_scale", H, 0, 0) ||
         load_vector(ld, &m->input_hidden_states_bias, "model.input_hidden_states_bias", H, 0, 0) ||
-        load_vector(ld, &m->norm, "model.norm.weight", H, 0, 0))
+        load_vector(ld, &m->norm, "model.norm.weight", H, 0, 0) ||
+        (c->lm_head_bias && load_vector(ld, &m->lm_head_bias, "lm_head.bias", (uint64_t)c->vocab_size, 0, 0)))
         return -1;
     m->layers = calloc((size_t)c->num_layers, sizeof(ZayaLayer));
     if (!m->layers) return fail(ld->err, ld->errlen, "out of memory");
@@ -266,6 +274,11 @@ static int bind_tensors(ZayaModel *m, Loader *ld) {
             load_matrix(ld, &L->k_proj, NAME("self_attn.qkv_proj.k_proj.weight"), 0, nkv * d, H) ||
             load_matrix(ld, &L->v_proj_current, NAME("self_attn.qkv_proj.v_proj_current.weight"), 0, nkv * d / 2, H) ||
             load_matrix(ld, &L->v_proj_delayed, NAME("self_attn.qkv_proj.v_proj_delayed.weight"), 0, nkv * d / 2, H) ||
+            (c->attention_bias && (load_vector(ld, &L->q_proj_bias, NAME("self_attn.qkv_proj.q_proj.bias"), nq * d, 0, 0) ||
+                                   load_vector(ld, &L->k_proj_bias, NAME("self_attn.qkv_proj.k_proj.bias"), nkv * d, 0, 0) ||
+                                   load_vector(ld, &L->v_proj_current_bias, NAME("self_attn.qkv_proj.v_proj_current.bias"), nkv * d / 2, 0, 0) ||
+                                   load_vector(ld, &L->v_proj_delayed_bias, NAME("self_attn.qkv_proj.v_proj_delayed.bias"), nkv * d / 2, 0, 0) ||
+                                   load_vector(ld, &L->o_proj_bias, NAME("self_attn.o_proj.bias"), H, 0, 0))) ||
             load_vector(ld, &L->conv_qk_depthwise_weight, NAME("self_attn.qkv_proj.conv_qk_depthwise.weight"), C, 1, (uint64_t)c->cca_time0) ||
             load_vector(ld, &L->conv_qk_depthwise_bias, NAME("self_attn.qkv_proj.conv_qk_depthwise.bias"), C, 0, 0) ||
             load_vector(ld, &L->conv_qk_grouped_weight, NAME("self_attn.qkv_proj.conv_qk_grouped.weight"), C, d, (uint64_t)c->cca_time1) ||
@@ -362,6 +375,20 @@ static int read_directory(Loader *ld, const unsigned char *h, uint64_t data_off,
     return 0;
 }
 
+/* The RAM a copy of the blob can get: MemAvailable of /proc/meminfo (free memory plus the page
+ * cache that can be dropped), else all physical memory; 0 if neither is known. */
+static uint64_t available_ram(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    if (kb) return (uint64_t)kb * 1024;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
 /* --hugepages: the int8 matrices' rows in the layout the fast kernel reads fastest, in the private
  * copy (kernels_arrange_rows); stacked experts are arranged expert by expert. */
 static int arrange_model_rows(ZayaModel *m) {
@@ -399,6 +426,12 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
     m->map = map;
     m->map_size = (size_t)size;
     if (flags & ZAYA_LOAD_HUGEPAGES) {
+        const uint64_t avail = available_ram();
+        if (avail && size > avail) {
+            zaya_free(m);
+            return fail(err, errlen, "%s is too big for --hugepages\n  expected: a blob that fits in the available RAM (%.2f GB, MemAvailable)\n  found:    %.2f GB\n  hint: run without --hugepages: the weights then stay memory-mapped and are read layer by layer",
+                        path, avail / 1e9, size / 1e9);
+        }
         size_t alloc = 0;
         void *anon = copy_to_huge_pages(map, (size_t)size, &alloc);
         if (!anon) { zaya_free(m); return fail(err, errlen, "cannot allocate %llu bytes for --hugepages\n  hint: run without --hugepages (the blob is then used in place)", (unsigned long long)size); }
@@ -558,8 +591,9 @@ void zaya_state_reset(ZayaState *s, const ZayaModel *m) {
         memset(ls->key_cache, 0, (size_t)ls->cache_len * nkv * d * sizeof(float));
         memset(ls->value_cache, 0, (size_t)ls->cache_len * nkv * d * sizeof(float));
         memset(ls->conv_state, 0, (size_t)conv_state_len(c) * C * sizeof(float));
-        /* the delayed value of position -1 is v_proj_delayed(0) = 0 (no bias) */
-        memset(ls->delayed_value, 0, nkv * d / 2 * sizeof(float));
+        /* the delayed value of position -1 is v_proj_delayed(0): its bias, or 0 without one */
+        if (m->layers[i].v_proj_delayed_bias) memcpy(ls->delayed_value, m->layers[i].v_proj_delayed_bias, nkv * d / 2 * sizeof(float));
+        else memset(ls->delayed_value, 0, nkv * d / 2 * sizeof(float));
     }
     s->pos = 0;
 }
@@ -691,6 +725,14 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
         matmul(k, s->u + (size_t)nq * d, C, &L->k_proj, s->h, H, n);
         matmul(k, s->v, nkv * d, &L->v_proj_current, s->h, H, n);
         matmul(k, s->vd, vhalf, &L->v_proj_delayed, s->h, H, n);
+        if (c->attention_bias)   /* the four projections' biases (config attention_bias) */
+            for (int t = 0; t < n; t++) {
+                for (int i = 0; i < C; i++) s->u[(size_t)t * C + i] += i < nq * d ? L->q_proj_bias[i] : L->k_proj_bias[i - nq * d];
+                for (int i = 0; i < vhalf; i++) {
+                    s->v[(size_t)t * nkv * d + i] += L->v_proj_current_bias[i];
+                    s->vd[(size_t)t * vhalf + i] += L->v_proj_delayed_bias[i];
+                }
+            }
 
         for (int t = 0; t < n; t++) {   /* token after token: the conv state, delayed value and KV cache carry over */
             const int pos = s->pos + t;
@@ -719,7 +761,8 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
             TAP2("self_attn.qkv_proj:query", q, nq, d);
             TAP2("self_attn.qkv_proj:key", key, nkv, d);
 
-            /* §3.6 values: [v_proj_current(h_t) ; v_proj_delayed(h_{t-1})], then viewed as [nkv, d] */
+            /* §3.6 values: the channels [v_proj_current(h_t) ; v_proj_delayed(h_{t-1})], then viewed as [nkv, d]
+             * (with an odd nkv the middle head is half current, half delayed) */
             const float *vd = s->vd + (size_t)t * vhalf;
             TAP("self_attn.qkv_proj.v_proj_current", v, vhalf);
             TAP("self_attn.qkv_proj.v_proj_delayed", vd, vhalf);
@@ -756,6 +799,7 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
         for (int t = 0; t < n; t++) {
             const int pos = s->pos + t;
             float *x = s->x + (size_t)t * H, *h = s->h + (size_t)t * H;
+            if (c->attention_bias) for (int i = 0; i < H; i++) s->branch[(size_t)t * H + i] += L->o_proj_bias[i];
             TAP("self_attn.o_proj", s->branch + (size_t)t * H, H);
             residual_scale(x, s->branch + (size_t)t * H, &L->post_attention_residual_scale, H);   /* §3.11 */
             TAP("post_attention_residual_scale", x, H);
@@ -774,7 +818,7 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
             /* EDA: rho = down + rho_prev * router_states_scale; layer 0 (no scale) starts it */
             for (int i = 0; i < R; i++) rho[i] = L->router_states_scale ? at[i] + rho[i] * L->router_states_scale[i] : at[i];
             TAP("mlp.gate:router_state", rho, R);
-            rmsnorm(b + (size_t)t * R, rho, L->router_norm, R, eps);              /* router_mlp.norm */
+            rmsnorm(b + (size_t)t * R, rho, L->router_norm, R, c->router_norm_eps);   /* router_mlp.norm */
             TAP("mlp.gate.router_mlp.norm", b + (size_t)t * R, R);
         }
         matmul(k, a, R, &L->router_fc1, b, R, n);                                /* router_mlp.fc1, GELU */
@@ -865,6 +909,7 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
         TAP("model.norm", f, H);
         if (t == n - 1 || s->tap) {
             matmul(k, s->logits, c->vocab_size, &m->embed_tokens, f, H, 1);
+            if (c->lm_head_bias) for (int v = 0; v < c->vocab_size; v++) s->logits[v] += m->lm_head_bias[v];
             TAP("logits", s->logits, c->vocab_size);
         }
     }

@@ -52,6 +52,9 @@ typedef struct {
     int n_eos, eos_ids[ZAYA_MAX_EOS];
     int rope_dim[2];       /* rotated dims per layer type = int(head_dim * partial_rotary_factor) */
     float rms_norm_eps;
+    float router_norm_eps;   /* router_mlp.norm's epsilon: rms_norm_eps except for the ZAYA1-base schema */
+    int attention_bias;      /* q/k/v_proj_current/v_proj_delayed/o_proj have biases (HF attention_bias) */
+    int lm_head_bias;        /* the LM head has a bias (HF lm_head_bias) */
     float rope_theta[2];   /* per layer type: [hybrid, hybrid_sliding] */
     float partial_rotary_factor[2];
     unsigned char layer_types[ZAYA_MAX_LAYERS];
@@ -82,6 +85,9 @@ typedef struct {
     const float *input_layernorm;                          /* [H] */
     ZayaMatrix q_proj, k_proj;                             /* [nq*d, H], [nkv*d, H] */
     ZayaMatrix v_proj_current, v_proj_delayed;             /* [nkv*d/2, H] each */
+    const float *q_proj_bias, *k_proj_bias;                /* [nq*d], [nkv*d]; NULL without attention_bias */
+    const float *v_proj_current_bias, *v_proj_delayed_bias;   /* [nkv*d/2] each; NULL without attention_bias */
+    const float *o_proj_bias;                              /* [H]; NULL without attention_bias */
     const float *conv_qk_depthwise_weight, *conv_qk_depthwise_bias;   /* [C, 1, t0], [C] */
     const float *conv_qk_grouped_weight, *conv_qk_grouped_bias;       /* [C, d, t1], [C] */
     const float *qk_norm_temp;                             /* [nkv] */
@@ -111,6 +117,7 @@ typedef struct {
     char provenance[512];        /* exporter's JSON note */
     ZayaMatrix embed_tokens;     /* [V, H]; also the tied LM head */
     const float *input_hidden_states_scale, *input_hidden_states_bias, *norm;   /* [H] */
+    const float *lm_head_bias;   /* [V]; NULL unless config.lm_head_bias */
     ZayaLayer *layers;           /* [L] */
     ZayaTokenizer *tokenizer;    /* NULL if the blob has none */
     void *map;                   /* the read-only mmap of the whole file */

@@ -104,12 +104,17 @@ static Ranges step_ranges(const ZayaModel *m) {
         add_matrix(&rs, &L->k_proj);
         add_matrix(&rs, &L->v_proj_current);
         add_matrix(&rs, &L->v_proj_delayed);
+        add_vector(&rs, L->q_proj_bias, c->num_heads * d);   /* attention_bias (NULL without: nothing) */
+        add_vector(&rs, L->k_proj_bias, c->num_kv_heads * d);
+        add_vector(&rs, L->v_proj_current_bias, c->num_kv_heads * d / 2);
+        add_vector(&rs, L->v_proj_delayed_bias, c->num_kv_heads * d / 2);
         add_vector(&rs, L->conv_qk_depthwise_weight, C * c->cca_time0);
         add_vector(&rs, L->conv_qk_depthwise_bias, C);
         add_vector(&rs, L->conv_qk_grouped_weight, C * d * c->cca_time1);
         add_vector(&rs, L->conv_qk_grouped_bias, C);
         add_vector(&rs, L->qk_norm_temp, c->num_kv_heads);
         add_matrix(&rs, &L->o_proj);
+        add_vector(&rs, L->o_proj_bias, H);
         add_residual_scale(&rs, &L->post_attention_residual_scale, H);
         add_vector(&rs, L->post_attention_layernorm, H);
         add_matrix(&rs, &L->router_down_proj);
@@ -129,6 +134,7 @@ static Ranges step_ranges(const ZayaModel *m) {
     }
     add_vector(&rs, m->norm, H);
     add_matrix(&rs, &m->embed_tokens);                      /* the tied LM head, all rows */
+    add_vector(&rs, m->lm_head_bias, c->vocab_size);        /* lm_head_bias (NULL without: nothing) */
     return rs;
 }
 

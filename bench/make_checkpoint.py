@@ -88,9 +88,7 @@ def make_dims(a):
         raise SystemExit("error: --heads (%d) must be a multiple of --kv-heads (%d)" % (d["nq"], d["nkv"]))
     if (d["nkv"] * d["d"]) % 2:
         raise SystemExit("error: kv_heads * head_dim must be even (value is split current/delayed)")
-    if d["nkv"] % 2:
-        print("note: %d KV heads is odd: the value heads do not split evenly into current/delayed; "
-              "the engine is expected to refuse this" % d["nkv"], file=sys.stderr)
+    d["attention_bias"], d["lm_head_bias"] = getattr(a, "attention_bias", False), getattr(a, "lm_head_bias", False)
     d["types"] = parse_layer_types(a.layer_types, d["L"])
     d["window"] = a.sliding_window
     if SLIDING in d["types"] and not a.sliding_window:
@@ -106,13 +104,14 @@ def make_dims(a):
 def native_config(dm, a):
     rope = {
         HYBRID: {"partial_rotary_factor": a.partial_rotary, "rope_theta": a.rope_theta, "rope_type": "default"},
-        SLIDING: {"partial_rotary_factor": a.partial_rotary, "rope_theta": a.rope_theta_sliding,
+        SLIDING: {"partial_rotary_factor": a.partial_rotary if a.partial_rotary_sliding is None else a.partial_rotary_sliding,
+                  "rope_theta": a.rope_theta_sliding,
                   "rope_type": "default"},
         "rope_type": "default",   # the stray entry of the published config (HF deletes it)
     }
     return {
         "architectures": ["ZayaForCausalLM"],
-        "attention_bias": False,
+        "attention_bias": dm["attention_bias"],
         "attention_dropout": 0.0,
         "bos_token_id": a.bos,
         "cca_time0": dm["t0"],
@@ -124,7 +123,7 @@ def native_config(dm, a):
         "hidden_size": dm["H"],
         "initializer_range": 0.02,
         "layer_types": list(dm["types"]),
-        "lm_head_bias": False,
+        "lm_head_bias": dm["lm_head_bias"],
         "max_position_embeddings": a.max_position,
         "model_type": "zaya",
         "moe_intermediate_size": dm["I"],
@@ -147,13 +146,15 @@ def native_config(dm, a):
 
 
 def legacy_config(dm, a):
+    if a.partial_rotary_sliding not in (None, a.partial_rotary):
+        raise SystemExit("error: the legacy schema has one partial_rotary_factor (--partial-rotary-sliding is native only)")
     cfg = {
         "activation_func": "swiglu",
         "activation_func_fp8_input_store": False,
         "add_bias_linear": False,
         "apply_rope_fusion": True,
         "architectures": ["ZayaForCausalLM"],
-        "attention_bias": False,
+        "attention_bias": dm["attention_bias"],    # the fork's attention biases (add_bias_linear = expert MLPs)
         "attention_dropout": 0.0,
         "bias_activation_fusion": True,
         "bos_token_id": a.bos,
@@ -167,7 +168,7 @@ def legacy_config(dm, a):
         "gated_linear_unit": True,
         "head_dim": dm["d"],
         "hidden_size": dm["H"],
-        "lm_head_bias": False,
+        "lm_head_bias": dm["lm_head_bias"],
         "max_position_embeddings": a.max_position,
         "model_type": "zaya",
         "moe_router_topk": 1,
@@ -206,6 +207,44 @@ def legacy_config(dm, a):
     return cfg
 
 
+def base_config(dm, a):
+    """The older per-half-layer schema of ZAYA1-base / ZAYA1-reasoning-base (Zyphra fork, branch `zaya`):
+    per-half-layer lists, num_attention_heads = 2 x the CCA query heads, head_dim = hidden / that,
+    CCA kernels fixed at 2, one sliding_window for all layers (or none)."""
+    nh = 2 * dm["nq"]
+    if a.partial_rotary_sliding not in (None, a.partial_rotary) or (SLIDING in dm["types"] and a.rope_theta_sliding != a.rope_theta):
+        raise SystemExit("error: the ZAYA1-base schema has one RoPE for all layers (give no --partial-rotary-sliding, "
+                         "and --rope-theta-sliding equal to --rope-theta)")
+    if dm["H"] != nh * dm["d"]:
+        raise SystemExit("error: the ZAYA1-base schema derives head_dim = hidden / (2 x heads): "
+                         "--hidden must be 2 x --heads x --head-dim (%d)" % (nh * dm["d"]))
+    if (dm["t0"], dm["t1"]) != (2, 2):
+        raise SystemExit("error: the ZAYA1-base schema's CCA kernels are 2 and 2")
+    if len(set(dm["types"])) != 1:
+        raise SystemExit("error: the ZAYA1-base schema has one sliding_window for all layers or none")
+    n = 2 * dm["L"]
+    cfg = {
+        "activation_func": "swiglu", "add_bias_linear": False, "apply_rope_fusion": True,
+        "architectures": ["ZayaForCausalLM"], "attention_bias": dm["attention_bias"], "attention_dropout": 0.0,
+        "bias_activation_fusion": True, "bos_token_id": a.bos, "cca": True,
+        "cca_num_q_heads": [dm["nq"], 0] * dm["L"], "eos_token_id": a.eos,
+        "ffn_hidden_size_list": [0, 2 * dm["I"]] * dm["L"], "fused_add_norm": False, "gated_linear_unit": True,
+        "hidden_size": dm["H"], "lm_head_bias": dm["lm_head_bias"], "max_position_embeddings": a.max_position,
+        "model_type": "zaya", "moe_router_topk": 1, "norm_epsilon": 1e-05, "normalization": "RMSNorm",
+        "num_attention_heads": nh, "num_hidden_layers": n, "num_key_value_heads": dm["nkv"],
+        "num_query_groups_list": [dm["nkv"], 0] * dm["L"], "pad_token_id": a.pad,
+        "partial_rotary_factor": a.partial_rotary, "residual_in_fp32": False, "rope_scaling": False,
+        "rope_theta": a.rope_theta, "scale_residual_merge": True,
+        "sliding_window": dm["window"] if dm["types"][0] == SLIDING else None, "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": dm["V"],
+        "zaya_layers": ["a", dm["E"]] * dm["L"], "zaya_mlp_expansion": [0, dm["R"]] * dm["L"],
+        "zaya_use_eda": True, "zaya_use_mod": True,
+    }
+    if a.base_layernorm_epsilon is not None:   # the router RMSNorm's epsilon (the fork's default: 1e-6)
+        cfg["layernorm_epsilon"] = a.base_layernorm_epsilon
+    return cfg
+
+
 # ----------------------------------------------------------------------------------------------
 # the tensor list (native order = module order, as save_pretrained writes it)
 
@@ -222,6 +261,25 @@ class T:
 
 
 def native_tensors(dm, embed_std):
+    out = native_tensors_unbiased(dm, embed_std)
+    if not (dm.get("attention_bias") or dm.get("lm_head_bias")):
+        return out
+    nq, nkv, d, H = dm["nq"], dm["nkv"], dm["d"], dm["H"]
+    biased = []
+    for t in out:           # each bias right after its weight (module order)
+        biased.append(t)
+        n = t.name
+        if dm.get("attention_bias") and n.endswith(("q_proj.weight", "k_proj.weight", "v_proj_current.weight",
+                                                    "v_proj_delayed.weight", "self_attn.o_proj.weight")):
+            rows = {"q_proj": nq * d, "k_proj": nkv * d, "v_proj_current": nkv * d // 2,
+                    "v_proj_delayed": nkv * d // 2, "o_proj": H}[n.split(".")[-2]]
+            biased.append(T(n[:-len("weight")] + "bias", [rows], "vec", spec="bias"))
+    if dm.get("lm_head_bias"):
+        biased.append(T("lm_head.bias", [dm["V"]], "vec", spec="bias"))
+    return biased
+
+
+def native_tensors_unbiased(dm, embed_std):
     H, nq, nkv, d, E, I, R, V, t0, t1 = (dm[k] for k in ("H", "nq", "nkv", "d", "E", "I", "R", "V", "t0", "t1"))
     C = (nq + nkv) * d
     fan = lambda n: 1.0 / math.sqrt(n)
@@ -278,6 +336,11 @@ NATIVE_TO_LEGACY_ATTN = {
     "self_attn.qkv_proj.k_proj.weight": "self_attn.qkv.linear_k.weight",
     "self_attn.qkv_proj.v_proj_current.weight": "self_attn.qkv.val_proj1.weight",
     "self_attn.qkv_proj.v_proj_delayed.weight": "self_attn.qkv.val_proj2.weight",
+    "self_attn.qkv_proj.q_proj.bias": "self_attn.qkv.linear_q.bias",
+    "self_attn.qkv_proj.k_proj.bias": "self_attn.qkv.linear_k.bias",
+    "self_attn.qkv_proj.v_proj_current.bias": "self_attn.qkv.val_proj1.bias",
+    "self_attn.qkv_proj.v_proj_delayed.bias": "self_attn.qkv.val_proj2.bias",
+    "self_attn.o_proj.bias": "self_attn.o_proj.bias",
     "self_attn.qkv_proj.conv_qk_depthwise.weight": "self_attn.qkv.conv_qk.0.weight",
     "self_attn.qkv_proj.conv_qk_depthwise.bias": "self_attn.qkv.conv_qk.0.bias",
     "self_attn.qkv_proj.conv_qk_grouped.weight": "self_attn.qkv.conv_qk.1.weight",
@@ -303,7 +366,7 @@ NATIVE_TO_LEGACY_MOE = {
 def legacy_names(t, n_layers):
     """Legacy (name, shape, expert index or None) pieces of one native tensor (section 2.4)."""
     n = t.name
-    if n == "model.embed_tokens.weight":
+    if n in ("model.embed_tokens.weight", "lm_head.bias"):
         return [(n, t.shape, None)]
     if n.startswith("model.input_hidden_states_"):
         return [("model.layers.0.res_scale." + n[len("model.input_"):], t.shape, None)]
@@ -494,6 +557,8 @@ def generate(a):
         if fn.endswith(".safetensors") or fn.endswith(".safetensors.part") or fn == "model.safetensors.index.json":
             os.remove(os.path.join(out, fn))
 
+    if a.dry_run:
+        return dry_run(a, dm, items, n_params, total)
     shards = [items] if a.single_file else plan_shards(items, a.shard_size)
     m = len(shards)
     if not a.quiet:
@@ -523,10 +588,7 @@ def generate(a):
         with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
             json.dump(index, f, indent=2)
             f.write("\n")
-    cfg = native_config(dm, a) if a.layout == "native" else legacy_config(dm, a)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2, sort_keys=True)
-        f.write("\n")
+    write_config(a, dm, out)
     copied = []
     if a.tokenizer_dir and a.tokenizer_dir != "none":
         if not os.path.isdir(a.tokenizer_dir):
@@ -539,6 +601,35 @@ def generate(a):
     if not a.quiet:
         print("wrote %s in %.1f s%s" % (out, time.time() - prog.t0,
               "; copied " + ", ".join(copied) if copied else "; no tokenizer"), file=sys.stderr)
+    return out
+
+
+def write_config(a, dm, out):
+    cfg = {"native": native_config, "legacy": legacy_config, "base": base_config}[a.layout](dm, a)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def dry_run(a, dm, items, n_params, total):
+    """config.json + an index whose metadata lists every tensor's shape; no weights are written."""
+    out = a.out_dir
+    if os.path.exists(out) and os.listdir(out) and not a.force:
+        raise SystemExit("error: %s exists and is not empty (use --force to overwrite)" % out)
+    os.makedirs(out, exist_ok=True)
+    shards = plan_shards(items, a.shard_size)
+    m = len(shards)
+    wm = {it[0]: "model-%05d-of-%05d.safetensors" % (k, m) for k, sh in enumerate(shards, 1) for it in sh}
+    index = {"metadata": {"total_parameters": n_params, "total_size": total, "dry_run": True,
+                          "shapes": {it[0]: list(it[1]) for it in items}},
+             "weight_map": dict(sorted(wm.items()))}
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f, indent=1)
+        f.write("\n")
+    write_config(a, dm, out)
+    if not a.quiet:
+        print("dry run: %s layout, %d tensors, %s parameters, %.2f GB bf16 in %d shard(s) (not written) -> %s"
+              % (a.layout, len(items), format(n_params, ","), total / 1e9, m, out), file=sys.stderr)
     return out
 
 
@@ -598,19 +689,30 @@ def load_dir(d):
 
 def expected_from_config(cfg):
     """Expected {name: shape} and layout from a config.json written by this tool (either layout)."""
-    legacy = "ffn_hidden_size" in cfg
-    ns = argparse.Namespace(
-        hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"], head_dim=cfg["head_dim"],
-        experts=cfg["num_experts"], vocab=cfg["vocab_size"], cca_time0=cfg["cca_time0"], cca_time1=cfg["cca_time1"],
-        layers=cfg["num_hidden_layers"] // (2 if legacy else 1),
-        kv_heads=cfg["num_query_groups"] if legacy else cfg["num_key_value_heads"],
-        moe_intermediate=cfg["ffn_hidden_size"] // 2 if legacy else cfg["moe_intermediate_size"],
-        router_hidden=cfg["zaya_mlp_expansion"] if legacy else cfg["router_hidden_size"],
-        layer_types="hybrid", sliding_window=None, bos=0, eos=0, pad=0)
+    base = "zaya_layers" in cfg
+    legacy = "ffn_hidden_size" in cfg or base
+    if base:
+        ns = argparse.Namespace(
+            hidden=cfg["hidden_size"], heads=cfg["cca_num_q_heads"][0],
+            head_dim=cfg["hidden_size"] // cfg["num_attention_heads"], experts=cfg["zaya_layers"][1],
+            vocab=cfg["vocab_size"], cca_time0=2, cca_time1=2, layers=len(cfg["zaya_layers"]) // 2,
+            kv_heads=cfg["num_query_groups_list"][0], moe_intermediate=cfg["ffn_hidden_size_list"][1] // 2,
+            router_hidden=cfg["zaya_mlp_expansion"][1])
+    else:
+        ns = argparse.Namespace(
+            hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"], head_dim=cfg["head_dim"],
+            experts=cfg["num_experts"], vocab=cfg["vocab_size"], cca_time0=cfg["cca_time0"], cca_time1=cfg["cca_time1"],
+            layers=cfg["num_hidden_layers"] // (2 if legacy else 1),
+            kv_heads=cfg["num_query_groups"] if legacy else cfg["num_key_value_heads"],
+            moe_intermediate=cfg["ffn_hidden_size"] // 2 if legacy else cfg["moe_intermediate_size"],
+            router_hidden=cfg["zaya_mlp_expansion"] if legacy else cfg["router_hidden_size"])
+    ns.layer_types, ns.sliding_window, ns.bos, ns.eos, ns.pad = "hybrid", None, 0, 0, 0
+    ns.attention_bias, ns.lm_head_bias = bool(cfg.get("attention_bias")), bool(cfg.get("lm_head_bias"))
     dm = make_dims(ns)
     native = native_tensors(dm, 0.05)
-    items = layout_tensors(native, "legacy" if legacy else "native", dm["L"])
-    return ("legacy" if legacy else "native"), {it[0]: list(it[1]) for it in items}, sum(t.numel for t in native)
+    layout = "base" if base else "legacy" if legacy else "native"
+    items = layout_tensors(native, layout, dm["L"])
+    return layout, {it[0]: list(it[1]) for it in items}, sum(t.numel for t in native)
 
 
 def verify(d):
@@ -705,7 +807,20 @@ def build_parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="defaults are ZAYA1-8B (docs/architecture.md section 2)")
     p.add_argument("out_dir", nargs="?")
-    p.add_argument("--layout", choices=("native", "legacy"), default="native")
+    p.add_argument("--layout", choices=("native", "legacy", "base"), default="native",
+                   help="native (ZAYA1-8B), legacy (ZAYA1-8B-legacy: half-layers) or base (ZAYA1-base's "
+                        "per-half-layer schema, legacy tensor names)")
+    p.add_argument("--preset", choices=("8b", "74b"), default="8b",
+                   help="defaults for the dimensions: ZAYA1-8B, or ZAYA1-74B-preview's reported shape (hidden 4096, "
+                        "16/2 heads of 128, 24 experts x 4096, router 256, every other layer sliding with a window of "
+                        "4097); --layers and any other flag still override")
+    p.add_argument("--attention-bias", action="store_true", help="config attention_bias: q/k/v/o_proj biases")
+    p.add_argument("--lm-head-bias", action="store_true", help="config lm_head_bias: a bias on the LM head")
+    p.add_argument("--base-layernorm-epsilon", type=float, default=None,
+                   help="--layout base: write layernorm_epsilon (the router norm's epsilon; the fork's default 1e-6)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="write config.json and model.safetensors.index.json (with every tensor's shape in its metadata) "
+                        "but no weights: a full-size layout checked in seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--layers", type=int, default=40, help="native layers (legacy writes twice as many half-layers)")
@@ -724,6 +839,8 @@ def build_parser():
     p.add_argument("--rope-theta", type=float, default=5000000.0)
     p.add_argument("--rope-theta-sliding", type=float, default=10000.0)
     p.add_argument("--partial-rotary", type=float, default=0.5)
+    p.add_argument("--partial-rotary-sliding", type=float, default=None,
+                   help="native layout: another partial_rotary_factor for the hybrid_sliding layers")
     p.add_argument("--max-position", type=int, default=131072)
     p.add_argument("--bos", type=int, default=2)
     p.add_argument("--eos", type=int, default=106)
@@ -741,8 +858,19 @@ def build_parser():
     return p
 
 
+PRESETS = {   # ZAYA1-74B-preview as ports report it (no config.json of it is reachable from here)
+    "74b": dict(hidden=4096, layers=60, heads=16, kv_heads=2, head_dim=128, experts=24, moe_intermediate=4096,
+                router_hidden=256, vocab=262272, partial_rotary=0.5, layer_types="hybrid_sliding,hybrid",
+                sliding_window=4097),
+}
+
+
 def main(argv=None):
-    a = build_parser().parse_args(argv)
+    p = build_parser()
+    a = p.parse_args(argv)
+    if a.preset in PRESETS:          # the preset's values replace the defaults; explicit flags still win
+        p.set_defaults(**PRESETS[a.preset])
+        a = p.parse_args(argv)
     if a.selftest:
         return selftest()
     if not a.out_dir:

@@ -93,9 +93,26 @@ def read_config(ckpt, legacy):
     with open(os.path.join(ckpt, "config.json")) as f:
         c = json.load(f)
     H, nq = c["hidden_size"], c["num_attention_heads"]
-    cfg = {"H": H, "nq": nq, "d": c.get("head_dim") or H // nq, "V": c["vocab_size"], "E": c["num_experts"],
+    cfg = {"H": H, "nq": nq, "d": c.get("head_dim") or H // nq, "V": c["vocab_size"], "E": c.get("num_experts"),
            "t0": c.get("cca_time0", 2), "t1": c.get("cca_time1", 2)}
-    if legacy:                                   # architecture.md section 2.4, config mapping
+    if legacy and "zaya_layers" in c:            # ZAYA1-base schema (Zyphra fork, branch `zaya`)
+        n = len(c["zaya_layers"])
+        cfg["L"] = n // 2
+        cfg["nq"] = c["cca_num_q_heads"][0]           # = num_attention_heads / 2 (the fork's views)
+        cfg["d"] = H // nq                            # the fork's head_dim: hidden / num_attention_heads
+        cfg["nkv"] = c["num_query_groups_list"][0]
+        cfg["E"] = c["zaya_layers"][1]
+        cfg["I"] = c["ffn_hidden_size_list"][1] // 2
+        cfg["R"] = c["zaya_mlp_expansion"][1]
+        cfg["t0"] = cfg["t1"] = 2                     # the fork's CCA defaults (config keys unused)
+        cfg["eps"] = c.get("norm_epsilon", 1e-5)
+        cfg["router_eps"] = c.get("layernorm_epsilon", 1e-6)   # the fork's ZayaRouter.rmsnorm_eda
+        sw = c.get("sliding_window")
+        cfg["types"] = ["hybrid_sliding" if sw else "hybrid"] * cfg["L"]
+        cfg["window"] = sw
+        r = (c.get("rope_theta", 10000.0), c.get("partial_rotary_factor", 0.5))
+        cfg["rope"] = {"hybrid": r, "hybrid_sliding": r}
+    elif legacy:                                 # architecture.md section 2.4, config mapping
         cfg["L"] = c["num_hidden_layers"] // 2
         cfg["nkv"] = c.get("num_query_groups") or c["num_key_value_heads"]
         cfg["I"] = c["ffn_hidden_size"] // 2
@@ -104,8 +121,8 @@ def read_config(ckpt, legacy):
         swa = c.get("swa_layers") or [0] * c["num_hidden_layers"]
         cfg["types"] = ["hybrid" if w == 0 else "hybrid_sliding" for w in swa[::2]]
         cfg["window"] = max(swa) + 1 if any(swa) else None
-        prf = c.get("partial_rotary_factor", 1.0)
-        cfg["rope"] = {"hybrid": (c.get("rope_theta", 10000.0), prf),
+        prf = c.get("partial_rotary_factor", 0.5)      # the fork's ZayaConfig defaults
+        cfg["rope"] = {"hybrid": (c.get("rope_theta", 5000000.0), prf),
                        "hybrid_sliding": (c.get("swa_rotary_base") or 10000.0, prf)}
     else:
         cfg["L"] = c["num_hidden_layers"]
@@ -123,6 +140,9 @@ def read_config(ckpt, legacy):
                 raise SystemExit(f"rope_type {p['rope_type']} is not supported")
             cfg["rope"][t] = (p.get("rope_theta", c.get("rope_theta", 10000.0)),
                               p.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)))
+    cfg.setdefault("router_eps", cfg["eps"])
+    cfg["attention_bias"] = bool(c.get("attention_bias", False))   # the fork too: attention_bias, not add_bias_linear
+    cfg["lm_head_bias"] = bool(c.get("lm_head_bias", False))
     if c.get("num_experts_per_tok", c.get("moe_router_topk", 1)) != 1:
         raise SystemExit("only top-1 routing is supported")
     if "hybrid_sliding" in cfg["types"] and not cfg["window"]:
@@ -140,6 +160,9 @@ LEGACY_ATTN = {  # half-layer 2i, suffix -> native suffix of layer i
     "self_attn.qkv.val_proj1.weight": "self_attn.qkv_proj.v_proj_current.weight",
     "self_attn.qkv.val_proj2.weight": "self_attn.qkv_proj.v_proj_delayed.weight",
     "self_attn.qkv.val_proj1.bias": "self_attn.qkv_proj.v_proj_current.bias",
+    "self_attn.qkv.linear_q.bias": "self_attn.qkv_proj.q_proj.bias",
+    "self_attn.qkv.linear_k.bias": "self_attn.qkv_proj.k_proj.bias",
+    "self_attn.o_proj.bias": "self_attn.o_proj.bias",
     "self_attn.qkv.val_proj2.bias": "self_attn.qkv_proj.v_proj_delayed.bias",
     "self_attn.qkv.conv_qk.0.weight": "self_attn.qkv_proj.conv_qk_depthwise.weight",
     "self_attn.qkv.conv_qk.0.bias": "self_attn.qkv_proj.conv_qk_depthwise.bias",
@@ -168,7 +191,7 @@ def legacy_to_native(tensors, L):
     out, experts = {}, {}
     for name, (shape, vals) in tensors.items():
         m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name)
-        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in ("model.embed_tokens.weight", "lm_head.weight", "lm_head.bias"):
             out[name] = (shape, vals)
         elif name == "model.final_norm.weight":
             out["model.norm.weight"] = (shape, vals)
@@ -331,8 +354,9 @@ def forward(cfg, W, ids, skip_mode, logit_positions, emit):
         emit(P + ".input_layernorm", h)
 
         # 3.3 q/k projections and the residual mix
-        qt = [linear(W.mat(A + ".q_proj.weight"), row) for row in h]
-        kt = [linear(W.mat(A + ".k_proj.weight"), row) for row in h]
+        ab = cfg["attention_bias"]            # nn.Linear biases of q/k/v_current/v_delayed/o_proj
+        qt = [linear(W.mat(A + ".q_proj.weight"), row, W.vec(A + ".q_proj.bias") if ab else None) for row in h]
+        kt = [linear(W.mat(A + ".k_proj.weight"), row, W.vec(A + ".k_proj.bias") if ab else None) for row in h]
         emit(A + ".q_proj", qt)
         emit(A + ".k_proj", kt)
         q_res, k_res = [], []
@@ -367,9 +391,10 @@ def forward(cfg, W, ids, skip_mode, logit_positions, emit):
         emit(A + ":query", query)
         emit(A + ":key", key)
 
-        # 3.6 value: [v_proj_current(h_t) ; v_proj_delayed(h_{t-1})], position 0 uses v_proj_delayed(0)
-        vcb = W.vec(A + ".v_proj_current.bias") if W.has(A + ".v_proj_current.bias") else None
-        vdb = W.vec(A + ".v_proj_delayed.bias") if W.has(A + ".v_proj_delayed.bias") else None
+        # 3.6 value: [v_proj_current(h_t) ; v_proj_delayed(h_{t-1})], position 0 uses v_proj_delayed(0) (its
+        # bias); the concatenation (current first) is viewed as nkv heads, so with odd nkv a head straddles both
+        vcb = W.vec(A + ".v_proj_current.bias") if ab else None
+        vdb = W.vec(A + ".v_proj_delayed.bias") if ab else None
         vc = [linear(W.mat(A + ".v_proj_current.weight"), row, vcb) for row in h]
         vd = [linear(W.mat(A + ".v_proj_delayed.weight"), row, vdb) for row in h]
         emit(A + ".v_proj_current", vc)
@@ -429,7 +454,8 @@ def forward(cfg, W, ids, skip_mode, logit_positions, emit):
             emit(P + ".self_attn:value_cache", [sum(value[t], []) for t in range(T)])
 
         # 3.10 o_proj, 3.11 residual merge
-        o = [linear(W.mat(P + ".self_attn.o_proj.weight"), row) for row in att]
+        o = [linear(W.mat(P + ".self_attn.o_proj.weight"), row, W.vec(P + ".self_attn.o_proj.bias") if ab else None)
+             for row in att]
         emit(P + ".self_attn.o_proj", o)
         r1 = [residual_scale(W, P + ".post_attention_residual_scale", o[t], r[t]) for t in range(T)]
         emit(P + ".post_attention_residual_scale", r1)
@@ -448,7 +474,7 @@ def forward(cfg, W, ids, skip_mode, logit_positions, emit):
         router_prev = rho
         emit(G + ":router_state", rho)
         M = G + ".router_mlp"
-        zn = [rmsnorm(row, W.vec(M + ".norm.weight"), eps) for row in rho]
+        zn = [rmsnorm(row, W.vec(M + ".norm.weight"), cfg["router_eps"]) for row in rho]
         f1 = [linear(W.mat(M + ".fc1.weight"), row, W.vec(M + ".fc1.bias")) for row in zn]
         f2 = [linear(W.mat(M + ".fc2.weight"), [gelu(v) for v in row], W.vec(M + ".fc2.bias")) for row in f1]
         logits = [linear(W.mat(M + ".out_proj.weight"), [gelu(v) for v in row]) for row in f2]
@@ -490,10 +516,11 @@ def forward(cfg, W, ids, skip_mode, logit_positions, emit):
     emit("model.norm", fn)
     if logit_positions is not None:
         head = W.t["lm_head.weight"][1] if "lm_head.weight" in W.t else emb
+        hb = W.vec("lm_head.bias") if cfg["lm_head_bias"] else [0.0] * V
         rows = []
         for t in logit_positions:
             f = fn[t]
-            rows.append([dot(head[v * H:(v + 1) * H], f) for v in range(V)])
+            rows.append([dot(head[v * H:(v + 1) * H], f) + hb[v] for v in range(V)])
         emit("logits" if logit_positions == list(range(T)) else "logits:rows", rows)
 
 

@@ -171,6 +171,12 @@ zaya_fails("directory instead of a file", [BAD, "--ids", "2"], ["not a regular f
 empty = os.path.join(BAD, "empty.bin")
 open(empty, "wb").close()
 zaya_fails("empty file", [empty, "--ids", "2"], ["too small", "expected", "0 bytes", "re-export"])
+huge = os.path.join(BAD, "sparse_1TB.bin")   # a sparse file: no disk used; --hugepages checks its size first
+with open(huge, "wb") as f:
+    f.truncate(1 << 40)
+zaya_fails("--hugepages with a blob larger than the available RAM", [huge, "--hugepages", "--ids", "2"],
+           ["too big for --hugepages", "MemAvailable", "expected", "found", "1099.51 GB", "without --hugepages"])
+os.remove(huge)
 zaya_fails("safetensors file instead of a blob", [os.path.join(CKPT, "model.safetensors"), "--ids", "2"],
            ["not a zaya.c model", "magic", "ZAYABLOB", "export_weights.py"])
 text = os.path.join(BAD, "text.bin")
@@ -237,7 +243,10 @@ for k, v, name in ((1, CFG[1] + 1, "model.embed_tokens.weight"), (0, CFG[0] - 1,
     blob_fails(f"config {CONFIG_NAMES[k]} = {v} (in range, tensors disagree)", [(128 + 4 * k, u32(v))],
                [name, "expected", "found" if "layers.6" not in name else "missing", "re-export"])
 blob_fails("config num_heads not a multiple of num_kv_heads", [(128 + 12, u32(3))], ["3 query heads", "2 KV heads", "expected"])
-blob_fails("config odd num_kv_heads", [(128 + 16, u32(1))], ["1 KV heads", "even", "expected"])
+blob_fails("config num_kv_heads 1 (valid, but the k_proj tensors disagree)", [(128 + 16, u32(1))],
+           ["k_proj.weight", "expected", "found", "re-export"])
+blob_fails("config odd num_kv_heads x odd head_dim", [(128 + 16, u32(1)), (128 + 20, u32(127))],
+           ["1 KV heads of 127", "even", "expected"])
 blob_fails("config more KV heads than query heads", [(128 + 16, u32(8))], ["8 KV heads", "expected"])
 blob_fails("config head_dim odd", [(128 + 20, u32(127))], ["expected", "re-export"])
 for t in (0, 1):
@@ -257,6 +266,12 @@ blob_fails("config n_eos 5", [(192, u32(5))], ["n_eos", "expected", "found"])
 blob_fails("config n_eos huge", [(192, u32(0xFFFFFFFF))], ["n_eos", "expected", "found"])
 blob_fails("config n_eos 2 with an unused (-1) second id", [(192, u32(2))], ["id -1", "outside the vocabulary"])
 blob_fails("config tie_word_embeddings 0", [(240, u32(0))], ["tie_word_embeddings", "expected", "found"])
+blob_fails("config flags with an unknown bit", [(244, u32(4))], ["config flags", "expected", "found", "0x4"])
+blob_fails("config attention_bias flag without the bias tensors", [(244, u32(1))],
+           ["q_proj.bias", "missing", "expected", "re-export"])
+blob_fails("config lm_head_bias flag without lm_head.bias", [(244, u32(2))], ["lm_head.bias", "missing", "re-export"])
+for label, v in (("negative", -1e-6), ("NaN", float("nan")), ("1.5", 1.5)):
+    blob_fails(f"config router_norm_eps {label}", [(248, f32(v))], ["router_norm_eps", "expected", "found"])
 blob_fails("unknown layer type 7", [(256 + 2, bytes([7]))], ["layer 2", "unknown type 7", "expected"])
 blob_fails("provenance without a NUL", [(512, b"{" * 512)], ["provenance", "expected", "found"])
 
@@ -489,11 +504,36 @@ export_fails("config.json not UTF-8", make_ckpt("cfg_latin1", config_text="{\"a\
              ["config.json"])
 export_fails("config.json a list", make_ckpt("cfg_list", config_text="[1, 2, 3]"), ["config.json is not a JSON object"])
 export_fails("config.json a number", make_ckpt("cfg_num", config_text="42"), ["config.json is not a JSON object"])
-for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "num_experts", "moe_intermediate_size", "router_hidden_size", "rms_norm_eps", "layer_types", "rope_parameters"):
+# a key left out takes transformers' ZayaConfig default, as in the official code: the export then works if
+# the default is the fixture's value, else the weights' shapes disagree with it
+HF_DEFAULTS = {"vocab_size": 262272, "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 8,
+               "num_key_value_heads": 2, "head_dim": 128, "num_experts": 16, "moe_intermediate_size": 2048,
+               "router_hidden_size": 256, "rms_norm_eps": 1e-5}
+for key, default in HF_DEFAULTS.items():
     cfg = dict(CONFIG)
     del cfg[key]
-    export_fails(f"config.json without {key}", make_ckpt(f"cfg_no_{key}", cfg), [key, "config.json"])
+    if CONFIG[key] == default:
+        out = os.path.join(BAD, f"no_{key}.bin")
+        rc, _, err = run(["python3", "export_weights.py", make_ckpt(f"cfg_no_{key}", cfg), out], timeout=300)
+        check(rc == 0, f"export_weights.py config.json without {key}: ZayaConfig's default {default} (= the fixture's) is used",
+              err[-300:])
+        if os.path.exists(out):
+            os.remove(out)
+    elif key == "num_hidden_layers":   # 40 layers by default: layer_types (6 entries) no longer fits
+        export_fails(f"config.json without {key} (default {default})", make_ckpt(f"cfg_no_{key}", cfg),
+                     ["layer_types", "40 entries", "expected", "found"])
+    else:
+        export_fails(f"config.json without {key} (default {default}: the weights disagree)", make_ckpt(f"cfg_no_{key}", cfg),
+                     ["wrong shape", "expected", "found"])
+for key in ("layer_types", "rope_parameters"):
+    cfg = dict(CONFIG)
+    del cfg[key]
+    out = os.path.join(BAD, f"no_{key}.bin")
+    rc, _, err = run(["python3", "export_weights.py", make_ckpt(f"cfg_no_{key}", cfg), out], timeout=300)
+    check(rc == 0 and "Traceback" not in err, f"export_weights.py config.json without {key}: ZayaConfig's default is used",
+          err[-300:])
+    if os.path.exists(out):
+        os.remove(out)
 
 
 def cfg_with(**kw):
@@ -511,17 +551,20 @@ rope_no_sliding = cfg_with()
 del rope_no_sliding["rope_parameters"]["hybrid_sliding"]
 unsupported = [
     ("num_experts_per_tok 2", cfg_with(num_experts_per_tok=2), ["num_experts_per_tok", "expected", "found", "2"]),
-    ("hidden_act gelu", cfg_with(hidden_act="gelu"), ["hidden_act", "silu", "gelu"]),
-    ("rope_type yarn", rope_yarn, ["rope", "yarn", "default"]),
+    ("hidden_act gelu", cfg_with(hidden_act="gelu"), ["hidden_act", "silu", "gelu", "limitation of zaya.c"]),
+    ("rope_type yarn", rope_yarn, ["rope", "yarn", "default", "limitation of zaya.c"]),
     ("partial_rotary_factor a string", rope_bad_prf, ["partial_rotary_factor", "expected", "found"]),
     ("rope_parameters without hybrid_sliding", rope_no_sliding, ["hybrid_sliding", "rope_parameters"]),
     ("layer_types wrong length", cfg_with(layer_types=CONFIG["layer_types"][:-1]), ["layer_types", "expected", "found"]),
     ("layer_types unknown type", cfg_with(layer_types=["hybrid", "mamba"] * 3), ["layer_types", "mamba"]),
     ("layer_types with a list inside", cfg_with(layer_types=[["hybrid"]] * 6), ["layer_types", "expected", "found"]),
     ("layer_types not a list", cfg_with(layer_types="hybrid"), ["layer_types", "expected", "found"]),
-    ("attention_bias true", cfg_with(attention_bias=True), ["attention_bias", "expected", "found"]),
-    ("tie_word_embeddings false", cfg_with(tie_word_embeddings=False), ["tie_word_embeddings", "expected", "found"]),
-    ("lm_head_bias true", cfg_with(lm_head_bias=True), ["lm_head_bias", "expected"]),
+    ("attention_bias true without bias tensors", cfg_with(attention_bias=True), ["missing tensor", "q_proj.bias", "hint"]),
+    ("attention_bias a string", cfg_with(attention_bias="yes"), ["attention_bias", "expected", "bool", "'yes'"]),
+    ("lm_head_bias 1 (not a bool)", cfg_with(lm_head_bias=1), ["lm_head_bias", "expected", "bool", "found"]),
+    ("tie_word_embeddings false", cfg_with(tie_word_embeddings=False), ["tie_word_embeddings", "expected", "found",
+                                                                         "limitation of zaya.c"]),
+    ("lm_head_bias true without lm_head.bias", cfg_with(lm_head_bias=True), ["missing tensor", "lm_head.bias"]),
     ("hidden_size 0", cfg_with(hidden_size=0), ["hidden_size", "expected", "found"]),
     ("hidden_size negative", cfg_with(hidden_size=-64), ["hidden_size", "expected", "found"]),
     ("hidden_size a string", cfg_with(hidden_size="64"), ["hidden_size", "expected", "found"]),
@@ -530,7 +573,8 @@ unsupported = [
     ("hidden_size huge", cfg_with(hidden_size=2 ** 40), ["hidden_size", "expected", "found"]),
     ("vocab_size huge", cfg_with(vocab_size=2 ** 40), ["vocab_size", "expected", "found"]),
     ("num_hidden_layers 300", cfg_with(num_hidden_layers=300, layer_types=["hybrid"] * 300), ["num_hidden_layers", "expected", "found"]),
-    ("num_key_value_heads odd", cfg_with(num_key_value_heads=1), ["num_key_value_heads", "even"]),
+    ("num_key_value_heads 1 (valid, tensors disagree)", cfg_with(num_key_value_heads=1), ["wrong shape", "k_proj.weight"]),
+    ("num_key_value_heads x head_dim odd", cfg_with(num_key_value_heads=1, head_dim=127), ["num_key_value_heads", "even", "found"]),
     ("num_attention_heads not a multiple", cfg_with(num_attention_heads=3), ["num_attention_heads", "multiple"]),
     ("rms_norm_eps 0", cfg_with(rms_norm_eps=0), ["rms_norm_eps", "expected", "found"]),
     ("rms_norm_eps NaN", cfg_with(rms_norm_eps=float("nan")), ["rms_norm_eps", "expected", "found"]),
@@ -564,6 +608,59 @@ export_fails("legacy-schema config with a string num_hidden_layers", make_ckpt("
 lcfg = dict(LEGACY)
 lcfg["ffn_hidden_size"] = None
 export_fails("legacy-schema config with a null ffn_hidden_size", make_ckpt("cfg_legacy_ffn", lcfg, weights="legacy"), ["ffn_hidden_size", "expected", "found"])
+legacy_cases = [
+    ("add_bias_linear true (expert MLP biases in the fork)", {"add_bias_linear": True},
+     ["add_bias_linear", "expert", "limitation of zaya.c"]),
+    ("zaya_use_mod false", {"zaya_use_mod": False}, ["zaya_use_mod", "expected", "limitation of zaya.c"]),
+    ("num_query_groups 1 != num_key_value_heads 2", {"num_query_groups": 1}, ["num_query_groups", "num_key_value_heads"]),
+    ("non-uniform swa_layers", {"swa_layers": [4, 0, 0, 0, 6, 0, 4, 0, 0, 0, 4, 0]},
+     ["swa_layers", "not uniform", "swa_layers[4]", "half-layer 4", "expected", "found"]),
+    ("swa_layers on an MoE half-layer", {"swa_layers": [4, 3, 0, 0, 4, 0, 4, 0, 0, 0, 4, 0]}, ["swa_layers[1]", "MoE"]),
+    ("swa_layers without swa_rotary_base", {"swa_rotary_base": None}, ["swa_rotary_base"]),
+    ("sliding_window set", {"sliding_window": 5}, ["sliding_window", "swa_layers", "limitation of zaya.c"]),
+    ("attention_bias a string", {"attention_bias": "no"}, ["attention_bias", "expected", "found"]),
+    ("attention_bias true without bias tensors", {"attention_bias": True},
+     ["missing tensor", "self_attn.qkv.linear_q.bias", "q_proj.bias"]),
+]
+for label, edit, words in legacy_cases:
+    lcfg = dict(LEGACY, **edit)
+    export_fails(f"legacy-schema config: {label}", make_ckpt("cfg_legacy_" + "".join(c if c.isalnum() else "_" for c in label)[:40],
+                                                             lcfg, weights="legacy"), words)
+
+# the ZAYA1-base schema (per-half-layer lists): config errors are found before any tensor is read, so the
+# public legacy fixture's weights serve (its head_dim 128 cannot be written in this schema: the last case)
+BASE = {k: v for k, v in LEGACY.items() if k not in ("num_query_groups", "ffn_hidden_size", "zaya_mlp_expansion",
+                                                         "num_experts", "head_dim", "swa_layers", "swa_rotary_base",
+                                                         "cca_time0", "cca_time1")}
+BASE.update({"zaya_layers": ["a", 4] * 6, "cca_num_q_heads": [2, 0] * 6, "num_query_groups_list": [2, 0] * 6,
+             "ffn_hidden_size_list": [0, 160] * 6, "zaya_mlp_expansion": [0, 32] * 6, "num_attention_heads": 4,
+             "rope_scaling": False})
+base_cases = [
+    ("non-uniform experts", {"zaya_layers": ["a", 4, "a", 5] + ["a", 4] * 4},
+     ["zaya_layers", "not uniform", "zaya_layers[3]", "half-layer 3", "expected", "found"]),
+    ("zaya_layers out of pattern", {"zaya_layers": ["a", "a"] + ["a", 4] * 5}, ["zaya_layers[1]", "expected", "found"]),
+    ("zaya_layers not a list", {"zaya_layers": "a4"}, ["zaya_layers", "expected", "found"]),
+    ("non-uniform cca_num_q_heads", {"cca_num_q_heads": [2, 0, 4, 0] + [2, 0] * 4},
+     ["cca_num_q_heads", "not uniform", "cca_num_q_heads[2]", "expected", "found"]),
+    ("cca_num_q_heads not half of num_attention_heads", {"cca_num_q_heads": [1, 0] * 6}, ["cca_num_q_heads", "expected", "found"]),
+    ("non-uniform ffn_hidden_size_list", {"ffn_hidden_size_list": [0, 160, 0, 160, 0, 96] + [0, 160] * 3},
+     ["ffn_hidden_size_list[5]", "not uniform"]),
+    ("zaya_mlp_expansion a number", {"zaya_mlp_expansion": 32}, ["zaya_mlp_expansion", "expected", "found"]),
+    ("cca_num_q_heads with a string", {"cca_num_q_heads": ["2", 0] * 6}, ["cca_num_q_heads", "expected", "found"]),
+    ("num_query_groups_list != num_key_value_heads", {"num_query_groups_list": [1, 0] * 6},
+     ["num_query_groups_list", "num_key_value_heads", "expected", "found"]),
+    ("cca_time0 3 (the fork ignores it)", {"cca_time0": 3}, ["cca_time0", "ignores", "expected", "found"]),
+    ("hidden_size not a multiple of num_attention_heads", {"num_attention_heads": 6, "cca_num_q_heads": [3, 0] * 6},
+     ["hidden_size", "multiple", "expected", "found"]),
+    ("head_dim disagreeing with hidden / heads", {"head_dim": 128}, ["head_dim", "hidden_size / num_attention_heads"]),
+    ("layernorm_epsilon a string", {"layernorm_epsilon": "1e-6"}, ["layernorm_epsilon", "expected", "found"]),
+    ("mixed with the native schema (layer_types)", {"layer_types": ["hybrid"] * 6}, ["layer_types", "schema"]),
+    ("config that does not match the weights", {}, ["wrong shape", "self_attn.qkv.linear_q.weight", "expected", "found"]),
+]
+for label, edit, words in base_cases:
+    bcfg = dict(BASE, **edit)
+    export_fails(f"ZAYA1-base-schema config: {label}", make_ckpt("cfg_base_" + "".join(c if c.isalnum() else "_" for c in label)[:40],
+                                                                 bcfg, weights="legacy"), words)
 
 # weights: header edits over the fixture's data
 def st_case(name, edit=None, raw_header=None, data=None, cut=None, append=b""):

@@ -6,7 +6,7 @@
 1. The reference itself (test/ref_forward.py, written from the spec, not from zaya.c) is first checked
    against the official goldens of test/fixtures: native + skip zero vs golden/, legacy +
    skip passthrough vs golden_zyphra/ (layer outputs, router indices, final norm, top-16 logits).
-2. Three small checkpoints with odd dimensions are generated with bench/make_checkpoint.py in both hub
+2. Small checkpoints with odd dimensions are generated with bench/make_checkpoint.py in both hub
    layouts (native and legacy), exported with export_weights.py, run with ./zaya --dump and with
    ref_forward.py, and every tensor both dumps hold is compared: relative L2 <= 1e-5 (denominator at
    least 1e-2 * sqrt(n), a floor for near-zero tensors), integer tensors (router indices) identical.
@@ -17,6 +17,14 @@
    prompts shorter than the conv state and longer than the sliding window, a greedy continuation
    of ./zaya (cached decode) equal to the reference's full-sequence argmax, and zaya_forward's decode
    path bit-identical to its batch path at 1, 2 and 3 threads (build/test_decode).
+   Config d: odd KV heads (3), attention_bias and lm_head_bias in both layouts; config f (native only:
+   the legacy schema has one rotary fraction): one KV head, per-type partial rotary and theta.
+3. Prompts shorter than the conv state, greedy decoding (above).
+4. The ZAYA1-base schema (bench/make_checkpoint.py --layout base): against ref_forward.py (router norm
+   epsilon 1e-6, the fork's default), and with layernorm_epsilon = norm_epsilon the same tensors, config
+   and bit-identical logits as the native checkpoint of the same seed.
+5. make_checkpoint.py --preset 74b --dry-run (config + every tensor's shape, no weights) in the three
+   schemas (legacy: all 120 half-layers): the exporter's config conversion and tensor plan accept it.
 The checkpoints carry the fixture tokenizer cut to its first 1000 ids (the forward pass does not use it;
 exporting the full one costs ~4 s per blob). Runs in ~16 s on 2 cores.
 Build products go to build/dims/. Prints `PASS name` / `FAIL name: detail`; exit status 1 on any FAIL.
@@ -53,7 +61,28 @@ CONFIGS = [
            "--layer-types", "hybrid,hybrid_sliding", "--sliding-window", "5",
            "--rope-theta", "10000", "--rope-theta-sliding", "10000", "--seed", "2"],
      "nkv 4 (2 current + 2 delayed value heads), g=1, head_dim 24, rot 12"),
+    ("d", ["--hidden", "48", "--layers", "2", "--heads", "6", "--kv-heads", "3", "--head-dim", "16",
+           "--partial-rotary", "0.5", "--cca-time0", "2", "--cca-time1", "3", "--experts", "3",
+           "--moe-intermediate", "20", "--router-hidden", "12", "--vocab", "1000",
+           "--layer-types", "hybrid,hybrid_sliding", "--sliding-window", "7", "--attention-bias", "--lm-head-bias",
+           "--rope-theta", "10000", "--rope-theta-sliding", "500", "--seed", "5"],
+     "odd nkv 3 (value head 1 = current channels 16-23 + delayed 0-7), attention_bias, lm_head_bias, window 7"),
 ]
+# native only: options the legacy schema cannot express
+NATIVE_ONLY = [
+    ("f", ["--hidden", "40", "--layers", "2", "--heads", "4", "--kv-heads", "1", "--head-dim", "20",
+           "--partial-rotary", "0.2", "--partial-rotary-sliding", "1.0", "--cca-time0", "3", "--cca-time1", "3",
+           "--experts", "2", "--moe-intermediate", "18", "--router-hidden", "10", "--vocab", "1000",
+           "--layer-types", "hybrid_sliding,hybrid", "--sliding-window", "9", "--lm-head-bias",
+           "--rope-theta", "100000", "--rope-theta-sliding", "700", "--seed", "4"],
+     "nkv 1 (one value head: 10 current + 10 delayed channels), per-type partial rotary (4 and 20 of 20) "
+     "and theta, lm_head_bias only"),
+]
+# ZAYA1-base schema (Zyphra fork, branch zaya): the same weights as a native checkpoint
+BASE_FLAGS = ["--hidden", "96", "--layers", "3", "--heads", "4", "--kv-heads", "2", "--head-dim", "12",
+              "--partial-rotary", "0.5", "--experts", "3", "--moe-intermediate", "20", "--router-hidden", "12",
+              "--vocab", "1000", "--layer-types", "hybrid_sliding", "--sliding-window", "5", "--rope-theta", "10000",
+              "--rope-theta-sliding", "10000", "--attention-bias", "--seed", "7"]
 IDS = [2, 17, 996, 512, 0, 45, 300, 301, 7, 88, 650, 3, 3, 3, 420, 777, 1, 106, 250, 995]   # T = 20
 GREEDY = 6
 
@@ -247,8 +276,10 @@ def main():
 
     TOKSMALL = small_tokenizer(TOKDIR, os.path.join(OUT, "tokenizer_1000"))
     gen, exp = [], []
-    for name, flags, _ in CONFIGS:
-        for lay in ("native", "legacy"):
+    layouts = {name: ("native", "legacy") for name, _, _ in CONFIGS}
+    layouts.update({name: ("native",) for name, _, _ in NATIVE_ONLY})
+    for name, flags, _ in CONFIGS + NATIVE_ONLY:
+        for lay in layouts[name]:
             gen.append(["python3", "bench/make_checkpoint.py", os.path.join(OUT, f"{name}_{lay}"), "--layout", lay,
                         *flags, "--tokenizer-dir", TOKSMALL, "--force", "--quiet"])
             exp.append(["python3", "export_weights.py", os.path.join(OUT, f"{name}_{lay}"),
@@ -258,21 +289,23 @@ def main():
     for c, (rc, _, err) in zip(exp, run_all(exp)):
         check(rc == 0, f"export_weights {os.path.basename(c[2])}", err.strip()[-500:])
 
-    for name, flags, what in CONFIGS:
+    for name, flags, what in CONFIGS + NATIVE_ONLY:
         dims = f"config {name}: {what}; " + " ".join(f.lstrip("-") for f in flags)
         E = experts(flags)
         win = int(flags[flags.index("--sliding-window") + 1])
+        both = layouts[name] == ("native", "legacy")
         ck = {lay: os.path.join(OUT, f"{name}_{lay}") for lay in ("native", "legacy")}
         blob = {lay: ck[lay] + ".bin" for lay in ck}
-        if not all(os.path.exists(b) for b in blob.values()):
+        if not all(os.path.exists(blob[lay]) for lay in layouts[name]):
             check(False, f"config {name}: blobs exist", "export failed")
             continue
 
-        ta, ha = blob_tensors(blob["native"])
-        tb, hb = blob_tensors(blob["legacy"])
-        check(ta == tb and ha == hb, f"config {name}: native and legacy exports hold identical tensors and config",
-              f"names only in one: {sorted(set(ta) ^ set(tb))[:4]}, differing data: "
-              f"{[n for n in ta if n in tb and ta[n] != tb[n]][:4]}, config equal {ha == hb}")
+        if both:
+            ta, ha = blob_tensors(blob["native"])
+            tb, hb = blob_tensors(blob["legacy"])
+            check(ta == tb and ha == hb, f"config {name}: native and legacy exports hold identical tensors and config",
+                  f"names only in one: {sorted(set(ta) ^ set(tb))[:4]}, differing data: "
+                  f"{[n for n in ta if n in tb and ta[n] != tb[n]][:4]}, config equal {ha == hb}")
 
         d = {k: os.path.join(OUT, f"{name}_{k}") + "_dump" for k in
              ("zaya", "zaya_legacy", "zaya_b1", "zaya_pt", "ref", "ref_legacy", "ref_pt")}
@@ -283,6 +316,8 @@ def main():
                 "ref": ref(ck["native"], IDS, d["ref"]),
                 "ref_legacy": ref(ck["legacy"], IDS, d["ref_legacy"]),
                 "ref_pt": ref(ck["native"], IDS, d["ref_pt"], "--skip-expert", "passthrough")}
+        if not both:
+            del jobs["zaya_legacy"], jobs["ref_legacy"]
         results = run_all(list(jobs.values()))
         ok = [check(rc == 0 and "runtime error" not in err, f"config {name}: {k} dump runs", err.strip()[-500:])
               for k, (rc, _, err) in zip(jobs, results)]
@@ -298,13 +333,14 @@ def main():
         compare(d["zaya_b1"], d["ref"], f"config {name} (--batch 1: token-by-token prefill)", dims)
 
         # both layouts: the reference reads them alike, and ./zaya gives the same bits
-        la = tensor(d["zaya"], load_dump(d["zaya"])[0]["logits"])[1]
-        lb = tensor(d["zaya_legacy"], load_dump(d["zaya_legacy"])[0]["logits"])[1]
-        check(la == lb, f"config {name}: native and legacy blobs give bit-identical ./zaya logits")
-        ra, rb = load_dump(d["ref"])[0], load_dump(d["ref_legacy"])[0]
-        diff = [n for n in ra if n not in rb or tensor(d["ref"], ra[n]) != tensor(d["ref_legacy"], rb[n])]
-        check(not diff and len(ra) == len(rb), f"config {name}: ref_forward.py reads both layouts to identical tensors",
-              f"differ: {diff[:4]}")
+        if both:
+            la = tensor(d["zaya"], load_dump(d["zaya"])[0]["logits"])[1]
+            lb = tensor(d["zaya_legacy"], load_dump(d["zaya_legacy"])[0]["logits"])[1]
+            check(la == lb, f"config {name}: native and legacy blobs give bit-identical ./zaya logits")
+            ra, rb = load_dump(d["ref"])[0], load_dump(d["ref_legacy"])[0]
+            diff = [n for n in ra if n not in rb or tensor(d["ref"], ra[n]) != tensor(d["ref_legacy"], rb[n])]
+            check(not diff and len(ra) == len(rb), f"config {name}: ref_forward.py reads both layouts to identical tensors",
+                  f"differ: {diff[:4]}")
 
         # skip expert
         if name == "b":
@@ -324,7 +360,7 @@ def main():
         if check(r1[0] == 0 and r2[0] == 0, f"config {name}: prompt of {len(ids)} token(s) runs", (r1[2] + r2[2]).strip()[-500:]):
             compare(dz, dr, f"config {name}: prompt of {len(ids)} token(s) (shorter than the conv state)", dims)
 
-    for name, flags, what in CONFIGS:
+    for name, flags, what in CONFIGS + NATIVE_ONLY:
         blob, ck = os.path.join(OUT, f"{name}_native.bin"), os.path.join(OUT, f"{name}_native")
         for mode in ("zero", "passthrough") if name == "b" else ("zero",):
             # zaya_forward without a tap (decode_token: one parallel region) = with one (forward_batch)
@@ -358,7 +394,100 @@ def main():
                   f"full forward over prompt + continuation (window {flags[flags.index('--sliding-window') + 1]}, "
                   f"{len(full)} positions)",
                   f"zaya {gen}, reference {want}, reference top-1 margins {[f'{m:.2g}' for m in near]}")
+    base_schema(TOKSMALL)
+    preset_74b()
     finish()
+
+
+def base_schema(tok):
+    """4. The ZAYA1-base schema: against the reference, and the same blob as its native equivalent."""
+    dims = "ZAYA1-base schema: " + " ".join(f.lstrip("-") for f in BASE_FLAGS)
+    ck = {k: os.path.join(OUT, f"base_{k}") for k in ("base", "base_eps", "native")}
+    extra = {"base": ["--layout", "base"], "base_eps": ["--layout", "base", "--base-layernorm-epsilon", "1e-05"],
+             "native": ["--layout", "native"]}
+    res = run_all([["python3", "bench/make_checkpoint.py", ck[k], *BASE_FLAGS, *extra[k], "--tokenizer-dir", tok,
+                    "--force", "--quiet"] for k in ck])
+    res += run_all([["python3", "export_weights.py", ck[k], ck[k] + ".bin", "--chat-format", "none"] for k in ck])
+    if not check(all(r[0] == 0 for r in res), "ZAYA1-base schema: generate and export (base, base with "
+                 "layernorm_epsilon 1e-5, native)", " | ".join(r[2].strip()[-300:] for r in res if r[0])):
+        return
+    with open(os.path.join(ck["base"], "config.json")) as f:
+        cfg = json.load(f)
+    check(cfg["zaya_layers"][:2] == ["a", 3] and cfg["num_attention_heads"] == 8 and cfg["cca_num_q_heads"][0] == 4
+          and "layernorm_epsilon" not in cfg and "head_dim" not in cfg,
+          "ZAYA1-base schema: config has zaya_layers, 2 x the query heads in num_attention_heads, no head_dim, "
+          "no layernorm_epsilon (router norm epsilon 1e-6, the fork's default)", str(cfg)[:300])
+    ta, ha = blob_tensors(ck["native"] + ".bin")
+    tb, hb = blob_tensors(ck["base_eps"] + ".bin")
+    check(ta == tb and ha == hb, "ZAYA1-base schema (layernorm_epsilon = norm_epsilon): the same tensors and config "
+          "as the native export", f"names only in one: {sorted(set(ta) ^ set(tb))[:4]}, differing data: "
+          f"{[n for n in ta if n in tb and ta[n] != tb[n]][:4]}, config equal {ha == hb}")
+    tc, hc = blob_tensors(ck["base"] + ".bin")
+    eps = struct.unpack_from("<f", hc, 248 - 128)[0]
+    check(tc == ta and abs(eps - 1e-6) < 1e-12 and hc[:120] == ha[:120],
+          "ZAYA1-base schema without layernorm_epsilon: same tensors, router_norm_eps 1e-6 in the header",
+          f"router_norm_eps {eps}, tensors equal {tc == ta}")
+    d = {k: ck[k] + "_dump" for k in ("base", "base_eps", "native")}
+    dr = ck["base"] + "_ref"
+    res = run_all([zaya(ck[k] + ".bin", IDS, d[k]) for k in d] + [ref(ck["base"], IDS, dr)])
+    if not check(all(r[0] == 0 for r in res), "ZAYA1-base schema: dumps run", " | ".join(r[2].strip()[-300:] for r in res)):
+        return
+    la = tensor(d["native"], load_dump(d["native"])[0]["logits"])[1]
+    lb = tensor(d["base_eps"], load_dump(d["base_eps"])[0]["logits"])[1]
+    check(la == lb, "ZAYA1-base schema: bit-identical ./zaya logits to the native equivalent")
+    compare(d["base"], dr, "ZAYA1-base schema (router norm epsilon 1e-6, biases, every layer sliding)", dims)
+
+
+def preset_74b():
+    """5. make_checkpoint.py --preset 74b at small depth (--dry-run: config and every tensor's shape, no
+    weights): each layout's config converts to the 74B shape and the exporter's tensor plan matches."""
+    import sys
+    sys.path.insert(0, ROOT)
+    import export_weights as ew
+    for lay, layers in (("native", 2), ("legacy", 60), ("base", 1)):     # legacy: the whole 120 half-layers
+        out = os.path.join(OUT, f"p74b_{lay}")
+        rc, _, err = one(["python3", "bench/make_checkpoint.py", out, "--preset", "74b", "--layers", str(layers),
+                          "--layout", lay, "--dry-run", "--tokenizer-dir", "none", "--force", "--quiet"]
+                         + (["--layer-types", "hybrid"] if lay == "base" else []))
+        if not check(rc == 0, f"make_checkpoint --preset 74b --layers {layers} --layout {lay} --dry-run", err[-500:]):
+            continue
+        with open(os.path.join(out, "config.json")) as f:
+            cfg = json.load(f)
+        with open(os.path.join(out, "model.safetensors.index.json")) as f:
+            shapes = json.load(f)["metadata"]["shapes"]
+
+        class Shapes:                    # stands in for the safetensors files: names and shapes only
+            path = out
+            tensors = {n: ("BF16", tuple(s), 0, 0) for n, s in shapes.items()}
+        where = {n: Shapes for n in shapes}
+        try:
+            layout = ew.detect_layout(cfg, where)
+            c = ew.native_config(cfg, "config.json") if layout == "native" else ew.legacy_to_native_config(cfg, "config.json")
+            ew.check_config_limits(c, "config.json")
+            plan = ew.plan_tensors(c, layout, where)
+            err = ""
+        except ew.ExportError as e:
+            c, plan, err = None, [], str(e)
+        if not check(c is not None, f"74B-shaped {lay} config and tensors pass the exporter's checks", err[:500]):
+            continue
+        want = {"hidden_size": 4096, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128,
+                "num_experts": 24, "moe_intermediate_size": 4096, "router_hidden_size": 256, "vocab_size": 262272,
+                "num_hidden_layers": layers}
+        got = {k: c[k] for k in want}
+        sliding = (c["layer_types"] == [("hybrid_sliding", "hybrid")[i % 2] for i in range(layers)]
+                   and c["sliding_window"] == 4097)
+        check(got == want and (sliding or lay == "base") and c["partial_rotary_factor"]["hybrid"] == 0.5,
+              f"74B-shaped {lay}: {layers} layer(s) of hidden 4096, 16/2 heads of 128, 24 experts x 4096, router 256"
+              + ("" if lay == "base" else ", every other layer sliding with a window of 4097 (legacy swa_layers 4096)"),
+              f"{got}, layer types {c['layer_types']}, window {c['sliding_window']}")
+        if lay == "legacy":
+            check(cfg["swa_layers"] == [4096, 0, 0, 0] * (layers // 2) and cfg["num_hidden_layers"] == 120,
+                  "74B-shaped legacy: 120 half-layers, swa_layers 4096 on every other attention half-layer",
+                  f"{cfg['num_hidden_layers']} half-layers, swa_layers {str(cfg.get('swa_layers'))[:80]}")
+        check(len(plan) == len({p[0] for p in plan}) and plan[0][1] == (262272, 4096)
+              and any(p[0].endswith("mlp.experts.gate_up_proj") and p[1] == (24, 8192, 4096) for p in plan),
+              f"74B-shaped {lay}: the exporter plans {len(plan)} tensors (embedding [262272, 4096], experts "
+              "[24, 8192, 4096])", str([p[:2] for p in plan[:3]]))
 
 
 if __name__ == "__main__":
