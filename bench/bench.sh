@@ -92,7 +92,7 @@ if [ -n "${PEER_BENCH:-}${PEER_MODEL:-}" ]; then
     PEER=1
     # llama-bench -d 0,N: its generation also after N positions of context, as ours runs after the prompt
     PEER_DEPTH=0 PEER_DEPTH_ARGS=()
-    PEER_HELP="$("$PEER_BENCH" --help 2>&1 || true)"   # (not piped into grep -q: see the OpenMP check)
+    PEER_HELP="$("$PEER_BENCH" --help 2>&1 || true)"   # (not piped into grep -q: it can die of SIGPIPE under pipefail)
     if grep -q -- '--n-depth' <<<"$PEER_HELP"; then PEER_DEPTH="$NPROMPT" PEER_DEPTH_ARGS=(-d "0,$NPROMPT"); fi
 fi
 [ -d "$CKPT" ] || die "checkpoint folder $CKPT not found (make one: $PYTHON bench/make_checkpoint.py $CKPT)"

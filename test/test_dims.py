@@ -363,7 +363,7 @@ def main():
     for name, flags, what in CONFIGS + NATIVE_ONLY:
         blob, ck = os.path.join(OUT, f"{name}_native.bin"), os.path.join(OUT, f"{name}_native")
         for mode in ("zero", "passthrough") if name == "b" else ("zero",):
-            # zaya_forward without a tap (decode_token: one parallel region) = with one (forward_batch)
+            # generation (no tap, N threads) = --dump (a tap, 1 thread, token by token), bit for bit
             for r in run_all([["env", f"ZAYA_THREADS={t}", "build/test_decode", blob, ",".join(map(str, IDS)),
                                str(GREEDY), *(["passthrough"] if mode == "passthrough" else [])] for t in (1, 2, 3)]):
                 check(r[0] == 0 and r[1].startswith("PASS"), f"config {name}: " + (r[1].strip()[5:].replace(OUT + "/", "") or "test_decode runs"),

@@ -80,12 +80,12 @@ shutil.rmtree(d_b1, ignore_errors=True)
 rc, _, err = run(["./zaya", q8_blob, "--ids", IDS, "--dump", d_b1, "--dump-filter", "^logits$", "--batch", "1"])
 check(rc == 0 and read_npy(os.path.join(d_b1, "logits.npy"))[1] == a,
       "int8: batched prefill gives token-by-token logits bit for bit", err[-300:])
-# two OpenMP threads (rows, heads and the activations of a batch split between them): the same bits
+# two threads (rows, heads and the activations of a batch split between them): the same bits
 d_t2 = os.path.join(BUILD, "int8test_threads2")
 shutil.rmtree(d_t2, ignore_errors=True)
 rc, _, err = run(["./zaya", q8_blob, "--ids", IDS, "--dump", d_t2, "--dump-filter", "^logits$", "--threads", "2"])
 check(rc == 0 and read_npy(os.path.join(d_t2, "logits.npy"))[1] == a,
-      "int8: the OpenMP build on 2 threads gives the 1-thread logits bit for bit", err[-300:])
+      "int8: 2 threads give the 1-thread logits bit for bit", err[-300:])
 
 
 # --hugepages interleaves the int8 rows in groups (ZayaMatrix.interleaved_rows) where rows hold whole
