@@ -402,10 +402,7 @@ def base_to_native_config(cfg, path):
     if not isinstance(zl, list) or not zl or len(zl) % 2:
         fail("ZAYA1-base config value 'zaya_layers' is not supported", path,
              "a list alternating 'a' (attention) and an expert count, even length", repr(zl)[:200])
-    half = len(zl)
-    if cfg.get("num_hidden_layers", half) != half:
-        fail("ZAYA1-base config: num_hidden_layers differs from the length of zaya_layers", path, half,
-             cfg.get("num_hidden_layers"), "the fork builds one half-layer per zaya_layers entry")
+    half = len(zl)          # the fork builds one half-layer per entry and never reads num_hidden_layers
     for j, e in enumerate(zl):
         if (j % 2 == 0) != (e == "a") or (j % 2 == 1 and not (type(e) is int and e > 0)):
             fail("ZAYA1-base config value 'zaya_layers' is not supported", f"{path}: zaya_layers[{j}] (half-layer {j})",

@@ -220,7 +220,6 @@ def base_config(dm, a):
         raise SystemExit("error: the ZAYA1-base schema's CCA kernels are 2 and 2")
     if len(set(dm["types"])) != 1:
         raise SystemExit("error: the ZAYA1-base schema has one sliding_window for all layers or none")
-    n = 2 * dm["L"]
     cfg = {
         "activation_func": "swiglu", "add_bias_linear": False, "apply_rope_fusion": True,
         "architectures": ["ZayaForCausalLM"], "attention_bias": dm["attention_bias"], "attention_dropout": 0.0,
@@ -229,7 +228,8 @@ def base_config(dm, a):
         "ffn_hidden_size_list": [0, 2 * dm["I"]] * dm["L"], "fused_add_norm": False, "gated_linear_unit": True,
         "hidden_size": dm["H"], "lm_head_bias": dm["lm_head_bias"], "max_position_embeddings": a.max_position,
         "model_type": "zaya", "moe_router_topk": 1, "norm_epsilon": 1e-05, "normalization": "RMSNorm",
-        "num_attention_heads": nh, "num_hidden_layers": n, "num_key_value_heads": dm["nkv"],
+        # ZAYA1-base's config keeps the fork's default 120 whatever zaya_layers says (the fork never reads it)
+        "num_attention_heads": nh, "num_hidden_layers": 120, "num_key_value_heads": dm["nkv"],
         "num_query_groups_list": [dm["nkv"], 0] * dm["L"], "pad_token_id": a.pad,
         "partial_rotary_factor": a.partial_rotary, "residual_in_fp32": False, "rope_scaling": False,
         "rope_theta": a.rope_theta, "scale_residual_merge": True,

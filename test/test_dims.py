@@ -445,9 +445,10 @@ def base_schema(tok):
     with open(os.path.join(ck["base"], "config.json")) as f:
         cfg = json.load(f)
     check(cfg["zaya_layers"][:2] == ["a", 3] and cfg["num_attention_heads"] == 8 and cfg["cca_num_q_heads"][0] == 4
-          and "layernorm_epsilon" not in cfg and "head_dim" not in cfg,
-          "ZAYA1-base schema: config has zaya_layers, 2 x the query heads in num_attention_heads, no head_dim, "
-          "no layernorm_epsilon (router norm epsilon 1e-6, the fork's default)", str(cfg)[:300])
+          and "layernorm_epsilon" not in cfg and "head_dim" not in cfg and cfg["num_hidden_layers"] == 120,
+          "ZAYA1-base schema: config has zaya_layers (6 half-layers), 2 x the query heads in num_attention_heads, "
+          "no head_dim, no layernorm_epsilon (router norm epsilon 1e-6, the fork's default), num_hidden_layers 120 "
+          "(as ZAYA1-base's; the fork ignores it)", str(cfg)[:300])
     ta, ha = blob_tensors(ck["native"] + ".bin")
     tb, hb = blob_tensors(ck["base_eps"] + ".bin")
     check(ta == tb and ha == hb, "ZAYA1-base schema (layernorm_epsilon = norm_epsilon): the same tensors and config "
