@@ -4,9 +4,12 @@
 Writes a Hugging Face style folder: config.json, sharded model-0000N-of-0000M.safetensors plus
 model.safetensors.index.json (or one model.safetensors with --single-file), and tokenizer.json /
 tokenizer_config.json copied from --tokenizer-dir. All tensors are bf16, with the names and shapes of
-docs/architecture.md section 2.2 (--layout native) or 2.4 (--layout legacy: 80 half-layers, one tensor
-per expert, legacy config keys). Every dimension can be changed on the command line; the defaults are
-ZAYA1-8B (17.68 GB).
+docs/architecture.md section 2.2 (--layout native), 2.4 (--layout legacy: 2L half-layers, one tensor
+per expert, legacy config keys) or 2.5 (--layout base: ZAYA1-base's per-half-layer config lists, legacy
+tensor names). Every dimension can be changed on the command line; the defaults are ZAYA1-8B
+(17.68 GB), or with --preset 74b ZAYA1-74B-preview's reported shape at any --layers (149.6 GB at 60).
+--attention-bias and --lm-head-bias add those biases; --dry-run writes only config.json and the index
+(every tensor's shape in its metadata), for checking a full-size layout in seconds.
 
 Weights are random with trained-model-like scales:
   projections / experts / router MLP / convs  N(0, 1/sqrt(fan_in))
@@ -30,6 +33,7 @@ Usage:
   python3 bench/make_checkpoint.py OUT_DIR --hidden 96 --layers 3 --heads 6 --kv-heads 2 \\
       --head-dim 32 --experts 3 --moe-intermediate 80 --router-hidden 24 \\
       --layer-types hybrid_sliding,hybrid --sliding-window 5
+  python3 bench/make_checkpoint.py OUT_DIR --preset 74b --layers 2  # a full-width 74B slice (7.06 GB)
   python3 bench/make_checkpoint.py OUT_DIR --verify                 # re-read and check a folder
   python3 bench/make_checkpoint.py --selftest                       # small native vs legacy check
 
