@@ -3,11 +3,13 @@
 
 Writes a Hugging Face style folder: config.json, sharded model-0000N-of-0000M.safetensors plus
 model.safetensors.index.json (or one model.safetensors with --single-file), and tokenizer.json /
-tokenizer_config.json (or their .gz) copied from --tokenizer-dir (default test/fixtures/tokenizer).
-All tensors are bf16, with the names and shapes of
-docs/architecture.md section 2.2 (--layout native) or 2.4 (--layout legacy: 80 half-layers, one tensor
-per expert, legacy config keys). Every dimension can be changed on the command line; the defaults are
-ZAYA1-8B (17.68 GB).
+tokenizer_config.json (or their .gz) copied from --tokenizer-dir (default test/fixtures/tokenizer). All tensors are bf16, with the names and shapes of
+docs/architecture.md section 2.2 (--layout native), 2.4 (--layout legacy: 2L half-layers, one tensor
+per expert, legacy config keys) or 2.5 (--layout base: ZAYA1-base's per-half-layer config lists, legacy
+tensor names). Every dimension can be changed on the command line; the defaults are ZAYA1-8B
+(17.68 GB), or with --preset 74b ZAYA1-74B-preview's reported shape at any --layers (149.6 GB at 60).
+--attention-bias and --lm-head-bias add those biases; --dry-run writes only config.json and the index
+(every tensor's shape in its metadata), for checking a full-size layout in seconds.
 
 Weights are random with trained-model-like scales:
   projections / experts / router MLP / convs  N(0, 1/sqrt(fan_in))
@@ -31,6 +33,7 @@ Usage:
   python3 bench/make_checkpoint.py OUT_DIR --hidden 96 --layers 3 --heads 6 --kv-heads 2 \\
       --head-dim 32 --experts 3 --moe-intermediate 80 --router-hidden 24 \\
       --layer-types hybrid_sliding,hybrid --sliding-window 5
+  python3 bench/make_checkpoint.py OUT_DIR --preset 74b --layers 2  # a full-width 74B slice (7.06 GB)
   python3 bench/make_checkpoint.py OUT_DIR --verify                 # re-read and check a folder
   python3 bench/make_checkpoint.py --selftest                       # small native vs legacy check
 
@@ -222,7 +225,6 @@ def base_config(dm, a):
         raise SystemExit("error: the ZAYA1-base schema's CCA kernels are 2 and 2")
     if len(set(dm["types"])) != 1:
         raise SystemExit("error: the ZAYA1-base schema has one sliding_window for all layers or none")
-    n = 2 * dm["L"]
     cfg = {
         "activation_func": "swiglu", "add_bias_linear": False, "apply_rope_fusion": True,
         "architectures": ["ZayaForCausalLM"], "attention_bias": dm["attention_bias"], "attention_dropout": 0.0,
@@ -231,7 +233,8 @@ def base_config(dm, a):
         "ffn_hidden_size_list": [0, 2 * dm["I"]] * dm["L"], "fused_add_norm": False, "gated_linear_unit": True,
         "hidden_size": dm["H"], "lm_head_bias": dm["lm_head_bias"], "max_position_embeddings": a.max_position,
         "model_type": "zaya", "moe_router_topk": 1, "norm_epsilon": 1e-05, "normalization": "RMSNorm",
-        "num_attention_heads": nh, "num_hidden_layers": n, "num_key_value_heads": dm["nkv"],
+        # ZAYA1-base's config keeps the fork's default 120 whatever zaya_layers says (the fork never reads it)
+        "num_attention_heads": nh, "num_hidden_layers": 120, "num_key_value_heads": dm["nkv"],
         "num_query_groups_list": [dm["nkv"], 0] * dm["L"], "pad_token_id": a.pad,
         "partial_rotary_factor": a.partial_rotary, "residual_in_fp32": False, "rope_scaling": False,
         "rope_theta": a.rope_theta, "scale_residual_merge": True,

@@ -5,9 +5,10 @@
                                 [--logits all|none|P,P,...]
 
 Written from shared/docs/architecture.md (sections 2-3, 6a) and the upstream Hugging Face
-modeling_zaya.py, not from zaya.c. It reads a hub checkpoint folder directly (native or legacy
-config and tensor names, one model.safetensors or shards + index, bf16/f16/f32 widened exactly) and
-runs the FULL-SEQUENCE forward the way HF does: the conv input is left-padded with K zero columns and
+modeling_zaya.py (and Zyphra's fork for the legacy and ZAYA1-base schemas), not from zaya.c. It
+reads a hub checkpoint folder directly (native, legacy or ZAYA1-base config and tensor names;
+attention_bias and lm_head_bias; any KV-head count; one model.safetensors or shards + index,
+bf16/f16/f32 widened exactly) and runs the FULL-SEQUENCE forward the way HF does: the conv input is left-padded with K zero columns and
 both convolutions run over the whole sequence, attention uses causal / sliding-window masks, the
 delayed value half is shifted by one position. Arithmetic is in Python floats (doubles); only the
 RoPE tables are rounded to float32 step by step, because HF builds them in float32 and a position

@@ -23,7 +23,8 @@
 4. The ZAYA1-base schema (bench/make_checkpoint.py --layout base): against ref_forward.py (router norm
    epsilon 1e-6, the fork's default), and with layernorm_epsilon = norm_epsilon the same tensors, config
    and bit-identical logits as the native checkpoint of the same seed.
-5. make_checkpoint.py --preset 74b --dry-run (config + every tensor's shape, no weights) in the three
+5. A window of 257 keys over a 300-token prompt (the ring wraps across two prefill batches), both layouts.
+6. make_checkpoint.py --preset 74b --dry-run (config + every tensor's shape, no weights) in the three
    schemas (legacy: all 120 half-layers): the exporter's config conversion and tensor plan accept it.
 The checkpoints carry the fixture tokenizer cut to its first 1000 ids (the forward pass does not use it;
 exporting the full one costs ~4 s per blob). Runs in ~16 s on 2 cores.
@@ -395,8 +396,38 @@ def main():
                   f"{len(full)} positions)",
                   f"zaya {gen}, reference {want}, reference top-1 margins {[f'{m:.2g}' for m in near]}")
     base_schema(TOKSMALL)
+    long_window(TOKSMALL)
     preset_74b()
     finish()
+
+
+LONG_FLAGS = ["--hidden", "32", "--layers", "2", "--heads", "2", "--kv-heads", "1", "--head-dim", "16", "--experts", "2",
+              "--moe-intermediate", "12", "--router-hidden", "8", "--vocab", "1000", "--layer-types", "s,h",
+              "--sliding-window", "257", "--attention-bias", "--seed", "12"]
+
+
+def long_window(tok):
+    """5. A window of 257 keys and a 300-token prompt: the sliding layer's ring wraps, and the window spans
+    two prefill batches (ZAYA_BATCH 256); in both layouts (legacy swa_layers 256)."""
+    ids = [(7 * i * i + 3 * i + 2) % 1000 for i in range(300)]
+    dims = "long window: " + " ".join(f.lstrip("-") for f in LONG_FLAGS)
+    ck = {lay: os.path.join(OUT, f"long_{lay}") for lay in ("native", "legacy")}
+    res = run_all([["python3", "bench/make_checkpoint.py", ck[lay], "--layout", lay, *LONG_FLAGS, "--tokenizer-dir", tok,
+                    "--force", "--quiet"] for lay in ck])
+    res += run_all([["python3", "export_weights.py", ck[lay], ck[lay] + ".bin", "--chat-format", "none"] for lay in ck])
+    if not check(all(r[0] == 0 for r in res), "long window: generate and export both layouts",
+                 " | ".join(r[2].strip()[-300:] for r in res if r[0])):
+        return
+    d = {k: os.path.join(OUT, f"long_{k}_dump") for k in ("zaya", "zaya_legacy", "ref")}
+    res = run_all([zaya(ck["native"] + ".bin", ids, d["zaya"]), zaya(ck["legacy"] + ".bin", ids, d["zaya_legacy"]),
+                   ref(ck["native"], ids, d["ref"], "--logits", "299")])
+    if not check(all(r[0] == 0 for r in res), "long window: dumps run", " | ".join(r[2].strip()[-300:] for r in res)):
+        return
+    (margin, where), _ = router_facts(d["ref"], 2)
+    check(margin >= MIN_MARGIN, f"long window: every biased router margin >= {MIN_MARGIN:g} (smallest {margin:.2g})",
+          f"margin {margin:.3g} at layer {where[0]} position {where[1]}: a near-tie, choose another --seed")
+    compare(d["zaya"], d["ref"], "long window (257 keys, 300 tokens: the ring wraps across two prefill batches)", dims)
+    compare(d["zaya_legacy"], d["ref"], "long window, legacy blob (swa_layers 256)", dims)
 
 
 def base_schema(tok):
@@ -414,9 +445,10 @@ def base_schema(tok):
     with open(os.path.join(ck["base"], "config.json")) as f:
         cfg = json.load(f)
     check(cfg["zaya_layers"][:2] == ["a", 3] and cfg["num_attention_heads"] == 8 and cfg["cca_num_q_heads"][0] == 4
-          and "layernorm_epsilon" not in cfg and "head_dim" not in cfg,
-          "ZAYA1-base schema: config has zaya_layers, 2 x the query heads in num_attention_heads, no head_dim, "
-          "no layernorm_epsilon (router norm epsilon 1e-6, the fork's default)", str(cfg)[:300])
+          and "layernorm_epsilon" not in cfg and "head_dim" not in cfg and cfg["num_hidden_layers"] == 120,
+          "ZAYA1-base schema: config has zaya_layers (6 half-layers), 2 x the query heads in num_attention_heads, "
+          "no head_dim, no layernorm_epsilon (router norm epsilon 1e-6, the fork's default), num_hidden_layers 120 "
+          "(as ZAYA1-base's; the fork ignores it)", str(cfg)[:300])
     ta, ha = blob_tensors(ck["native"] + ".bin")
     tb, hb = blob_tensors(ck["base_eps"] + ".bin")
     check(ta == tb and ha == hb, "ZAYA1-base schema (layernorm_epsilon = norm_epsilon): the same tensors and config "
@@ -439,7 +471,7 @@ def base_schema(tok):
 
 
 def preset_74b():
-    """5. make_checkpoint.py --preset 74b at small depth (--dry-run: config and every tensor's shape, no
+    """6. make_checkpoint.py --preset 74b at small depth (--dry-run: config and every tensor's shape, no
     weights): each layout's config converts to the 74B shape and the exporter's tensor plan matches."""
     import sys
     sys.path.insert(0, ROOT)
