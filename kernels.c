@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -412,16 +413,25 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
  * A job is `chunks` independent pieces of work. The calling thread publishes it, then takes pieces
  * itself, one at a time, like every worker that is running; it waits only for pieces that another
  * thread has already taken. A worker the OS has descheduled (another program wants the core) takes
- * nothing and holds nobody up, so threads never make a job slower than the caller alone would be,
- * apart from a piece taken just before its thread was descheduled. Workers spin for a while
- * between jobs (the next one usually comes within microseconds), then sleep.
+ * nothing and holds nobody up. A piece taken just before its thread was descheduled does hold the
+ * caller up, for as long as the OS keeps that thread off its core: after such a stall the caller runs
+ * the next jobs alone for a while (STALL_NS, SOLO_JOBS). Workers spin for a while between jobs (the
+ * next one usually comes within microseconds), then sleep. Which thread runs a piece never changes
+ * its result.
  * ------------------------------------------------------------------------------------------- */
 
 typedef void (*PieceFn)(void *ctx, int piece);
 
 #define MAX_PIECES 0xffff
-#define WORKER_SPINS 20000   /* polls of a worker before it sleeps (tens of microseconds) */
+#define WORKER_SPINS 4000    /* polls of a worker before it sleeps (~100 us: longer than the gaps in a token) */
 #define CALLER_SPINS 2000    /* polls of the caller between sched_yield() calls while it waits */
+/* A wait for another thread's piece this long, and twice as long as the caller's fastest piece
+ * of the job, means that thread was descheduled: other programs want the cores. The caller then runs the next jobs alone, SOLO_JOBS
+ * at first (a few tokens), twice as many after each stall that follows a solo period, and tries the
+ * threads again. */
+#define STALL_NS 1000000
+#define SOLO_JOBS 1024
+#define SOLO_JOBS_MAX (SOLO_JOBS << 6)
 
 typedef struct {
     int threads;                   /* including the caller */
@@ -431,6 +441,8 @@ typedef struct {
     PieceFn fn;                    /* the current job (written before claim publishes it) */
     void *ctx;
     uint32_t job;                  /* the caller's job counter */
+    uint32_t solo_jobs, solo_left; /* after a stall: the caller runs solo_left more jobs alone */
+    uint32_t calm;                 /* jobs with threads since the last stall */
     _Atomic int sleepers, stop;
     pthread_mutex_t mutex;
     pthread_cond_t wake;
@@ -442,12 +454,25 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* Takes and runs pieces of job `job` until none is left (or a newer job has replaced it). */
-static void run_pieces(Pool *p, uint32_t job) {
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Takes and runs pieces of job `job` until none is left (or a newer job has replaced it). With
+ * shortest not NULL (the caller), *shortest = the fastest of its pieces in ns (UINT64_MAX if none). */
+static void run_pieces(Pool *p, uint32_t job, uint64_t *shortest) {
     uint64_t c = atomic_load(&p->claim);
+    if (shortest) *shortest = UINT64_MAX;
     while ((uint32_t)(c >> 32) == job && ((c >> 16) & 0xffff) < (c & 0xffff)) {
         if (!atomic_compare_exchange_weak(&p->claim, &c, c + (1u << 16))) continue;   /* c reloaded */
+        const uint64_t t0 = shortest ? now_ns() : 0;
         p->fn(p->ctx, (int)((c >> 16) & 0xffff));   /* safe: the job cannot end before this piece is done */
+        if (shortest) {
+            const uint64_t took = now_ns() - t0;
+            *shortest = took < *shortest ? took : *shortest;
+        }
         atomic_fetch_add(&p->done, 1);
         c = atomic_load(&p->claim);
     }
@@ -470,13 +495,14 @@ static void *worker_main(void *arg) {
         }
         if (atomic_load(&p->stop)) return NULL;
         seen = current_job(p);
-        run_pieces(p, seen);
+        run_pieces(p, seen, NULL);
     }
 }
 
 /* Runs fn(ctx, piece) for piece = 0 .. pieces-1 on the pool's threads; returns when all are done. */
 static void pool_run(Pool *p, PieceFn fn, void *ctx, int pieces) {
-    if (p->threads == 1 || pieces == 1) {
+    if (p->threads == 1 || pieces == 1 || p->solo_left) {
+        p->solo_left -= p->solo_left > 0 && pieces > 1;
         for (int i = 0; i < pieces; i++) fn(ctx, i);
         return;
     }
@@ -490,10 +516,20 @@ static void pool_run(Pool *p, PieceFn fn, void *ctx, int pieces) {
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mutex);
     }
-    run_pieces(p, job);
+    uint64_t piece_ns;
+    run_pieces(p, job, &piece_ns);
+    if (++p->calm > 4 * SOLO_JOBS) p->solo_jobs = 0;   /* a long calm: the next stall starts over */
+    if (atomic_load(&p->done) == (uint32_t)pieces) return;
+    const uint64_t t1 = now_ns();
     for (int spins = 0; atomic_load(&p->done) < (uint32_t)pieces;)
         if (++spins % CALLER_SPINS) cpu_relax();
         else sched_yield();            /* a piece's thread was descheduled: let it run */
+    const uint64_t waited = now_ns() - t1;
+    if (waited >= STALL_NS && (piece_ns == UINT64_MAX || waited >= 2 * piece_ns)) {   /* contention: alone for a while (same results) */
+        p->solo_jobs = p->solo_jobs ? (p->solo_jobs < SOLO_JOBS_MAX ? 2 * p->solo_jobs : SOLO_JOBS_MAX) : SOLO_JOBS;
+        p->solo_left = p->solo_jobs;
+        p->calm = 0;
+    }
 }
 
 static void pool_stop(Pool *p) {
