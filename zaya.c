@@ -673,17 +673,18 @@ static void qk_norm(float *x, int heads, int d, const float *temp) {
     }
 }
 
-/* arch §3.8: partial NeoX RoPE on dims [0, rot) of every head, pairs (j, j + rot/2); inv_freq and the
- * angles in float32 (HF ZayaRotaryEmbedding, apply_rotary_pos_emb). cos_t/sin_t: [rot/2] scratch. */
-static void rope(float *x, int heads, int d, int pos, int rot, float theta, float *cos_t, float *sin_t) {
+/* arch §3.8: partial NeoX RoPE on dims [0, rot) of every query and key head, pairs (j, j + rot/2);
+ * inv_freq and the angles in float32 (HF ZayaRotaryEmbedding, apply_rotary_pos_emb). q [nq, d],
+ * k [nkv, d]; cos_t/sin_t: [rot/2] scratch. */
+static void rope(float *q, int nq, float *k, int nkv, int d, int pos, int rot, float theta, float *cos_t, float *sin_t) {
     const int half = rot / 2;
     for (int j = 0; j < half; j++) {
         float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)rot);
         cos_t[j] = cosf((float)pos * inv_freq);
         sin_t[j] = sinf((float)pos * inv_freq);
     }
-    for (int n = 0; n < heads; n++) {
-        float *v = x + (size_t)n * d;
+    for (int n = 0; n < nq + nkv; n++) {
+        float *v = n < nq ? q + (size_t)n * d : k + (size_t)(n - nq) * d;
         for (int j = 0; j < half; j++) {
             float a = v[j], b = v[j + half];
             v[j] = a * cos_t[j] - b * sin_t[j];
@@ -775,8 +776,7 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
             TAP2("self_attn.qk_norm:query", q, nq, d);
             TAP2("self_attn.qk_norm:key", key, nkv, d);
 
-            rope(q, nq, d, pos, c->rope_dim[type], c->rope_theta[type], s->rope_cos, s->rope_sin);   /* §3.8 RoPE */
-            rope(key, nkv, d, pos, c->rope_dim[type], c->rope_theta[type], s->rope_cos, s->rope_sin);
+            rope(q, nq, key, nkv, d, pos, c->rope_dim[type], c->rope_theta[type], s->rope_cos, s->rope_sin);   /* §3.8 RoPE */
             TAP2("self_attn:query_after_rope", q, nq, d);
             TAP2("self_attn:key_after_rope", key, nkv, d);
 
