@@ -385,25 +385,28 @@ static int read_directory(Loader *ld, const unsigned char *h, uint64_t data_off,
  * non-finite row scale, the E8M0 byte 255 = NaN) would turn whole rows into NaN. */
 static int verify_quantized(Loader *ld, const DirEntry *e) {
     uint64_t numel = e->shape[0] * e->shape[1] * e->shape[2] * e->shape[3], cols = e->shape[e->ndim - 1];
+    const uint64_t rows = e->ndim == 3 ? e->shape[1] : numel / cols;   /* rows of one expert [E, rows, cols] */
     const unsigned char *v = ld->base + e->offset;
     if (e->dtype == ZAYA_FP8) {
         for (uint64_t i = 0; i < numel; i++)
             if ((v[i] & 0x7f) == 0x7f)
-                return fail(ld->err, ld->errlen, "%s: tensor %s holds the NaN FP8 E4M3 byte 0x%02x at row %llu, column %llu\n  expected: no NaN weight (bytes 0x7f and 0xff are NaN)\n  hint: the file is corrupt; re-export it with export_weights.py",
-                            ld->path, e->name, v[i], (unsigned long long)(i / cols), (unsigned long long)(i % cols));
+                return fail(ld->err, ld->errlen, "%s: tensor %s holds the NaN FP8 E4M3 byte 0x%02x at expert %llu, row %llu, column %llu\n  expected: no NaN weight (bytes 0x7f and 0xff are NaN)\n  found:    0x%02x\n  hint: the file is corrupt; re-export it with export_weights.py",
+                            ld->path, e->name, v[i], (unsigned long long)(i / cols / rows), (unsigned long long)(i / cols % rows),
+                            (unsigned long long)(i % cols), v[i]);
         const unsigned char *s = v + (numel + 63) / 64 * 64;
         for (uint64_t r = 0; r < numel / cols; r++) {
             const float f = rd_f32(s + 4 * r);
             if (!isfinite(f))
-                return fail(ld->err, ld->errlen, "%s: tensor %s has FP8 row scale %g at row %llu\n  expected: a finite scale\n  hint: the file is corrupt; re-export it with export_weights.py",
-                            ld->path, e->name, (double)f, (unsigned long long)r);
+                return fail(ld->err, ld->errlen, "%s: tensor %s has FP8 row scale %g at expert %llu, row %llu\n  expected: a finite scale\n  found:    %g\n  hint: the file is corrupt; re-export it with export_weights.py",
+                            ld->path, e->name, (double)f, (unsigned long long)(r / rows), (unsigned long long)(r % rows), (double)f);
         }
     } else if (e->dtype == ZAYA_MXFP4) {
         const unsigned char *s = v + (numel / 2 + 63) / 64 * 64;
         for (uint64_t g = 0; g < numel / 32; g++)
             if (s[g] == 255)
-                return fail(ld->err, ld->errlen, "%s: tensor %s has the MXFP4 scale byte 255 (E8M0 NaN) at row %llu, columns %llu..%llu\n  expected: exponent bytes 0..254\n  hint: the file is corrupt; re-export it with export_weights.py",
-                            ld->path, e->name, (unsigned long long)(g * 32 / cols), (unsigned long long)(g * 32 % cols), (unsigned long long)(g * 32 % cols + 31));
+                return fail(ld->err, ld->errlen, "%s: tensor %s has the MXFP4 scale byte 255 (E8M0 NaN) at expert %llu, row %llu, columns %llu..%llu\n  expected: exponent bytes 0..254\n  found:    255\n  hint: the file is corrupt; re-export it with export_weights.py",
+                            ld->path, e->name, (unsigned long long)(g * 32 / cols / rows), (unsigned long long)(g * 32 / cols % rows),
+                            (unsigned long long)(g * 32 % cols), (unsigned long long)(g * 32 % cols + 31));
     }
     return 0;
 }
@@ -465,7 +468,7 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
     uint32_t version = rd_u32(h + 8);
     if (version < 1 || version > ZAYA_FORMAT_VERSION) {   /* version 1 is version 2 without FP8 / MXFP4 tensors */
         zaya_free(m);
-        return fail(err, errlen, "%s has blob format version %u\n  expected: 1 or %d (this zaya.c)\n  %s", path, version, ZAYA_FORMAT_VERSION, HINT_REEXPORT);
+        return fail(err, errlen, "%s has blob format version %u\n  expected: 1 or %d (this zaya.c)\n  found:    %u\n  %s", path, version, ZAYA_FORMAT_VERSION, version, HINT_REEXPORT);
     }
     uint64_t file_size = rd_u64(h + 16), dir_off = rd_u64(h + 24), data_off = rd_u64(h + 48),
              tok_off = rd_u64(h + 56), tok_size = rd_u64(h + 64);
