@@ -133,13 +133,22 @@ static inline float fp8_weight(uint8_t q, float scale, int scale_dtype) {
 /* E2M1 nibble -> value: bit 3 the sign, bits 0-2 index the magnitudes */
 static const float E2M1[16] __attribute__((aligned(64))) = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-/* E8M0 byte e -> 2^(e - 127) (e = 0: the float32 subnormal 2^-127; 255 is refused by the loader's --verify) */
-static inline float e8m0_to_f32(uint8_t e) { return f32_of_bits(e ? (uint32_t)e << 23 : 0x400000u); }
+/* E8M0 byte e -> the bits of 2^(e - 127) (e = 0: the float32 subnormal 2^-127; 255, inf, is refused by
+ * the loader's --verify); a table, so that the SIMD kernel broadcasts it straight from memory */
+#define E8M0(e) ((e) ? (uint32_t)(e) << 23 : 0x400000u)
+#define E8M0_8(e) E8M0(e), E8M0(e + 1), E8M0(e + 2), E8M0(e + 3), E8M0(e + 4), E8M0(e + 5), E8M0(e + 6), E8M0(e + 7)
+#define E8M0_64(e) E8M0_8(e), E8M0_8(e + 8), E8M0_8(e + 16), E8M0_8(e + 24), E8M0_8(e + 32), E8M0_8(e + 40), E8M0_8(e + 48), E8M0_8(e + 56)
+static const uint32_t E8M0_BITS[256] = {E8M0_64(0), E8M0_64(64), E8M0_64(128), E8M0_64(192)};
+#undef E8M0_64
+#undef E8M0_8
+#undef E8M0
+static inline float e8m0_to_f32(uint8_t e) { return f32_of_bits(E8M0_BITS[e]); }
 
 /* The values of an FP8 / MXFP4 row the dot products need beside the bytes. */
 typedef struct {
     const uint8_t *exponents;   /* MXFP4: the row's E8M0 bytes */
     float scale;                /* FP8: the row's scale */
+    float scale_2p120;          /* FP8: scale * 2^120 when |scale| <= 2^7 (no overflow), else 0 */
     int scale_dtype;            /* FP8: ZAYA_F32, ZAYA_BF16 or ZAYA_F16 */
 } QuantRow;
 
@@ -276,10 +285,13 @@ static inline float sum_lanes_512(__m512 a) {
 /* 16 FP8 weights from q: fp8_weight lane by lane (the same bit tricks; the hardware's f16 conversion
  * rounds to nearest even like round_f16) */
 static inline __m512 fp8_weights_512(const uint8_t *q, const QuantRow *qr) {
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
-    const __m512i bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24),
-                                         _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 20));
-    const __m512 w = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1p120f)), _mm512_set1_ps(qr->scale));
+    /* each byte sign-extended, shifted by 20: its sign bit lands on bit 31 (and on 27..30, masked off) */
+    const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q));
+    const __m512 raw = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(b, 20), _mm512_set1_epi32((int)0x87f00000u)));
+    /* raw * 2^120 * scale: one multiply by scale * 2^120 where that is a float (the same real product,
+     * rounded once), else the exact multiply by 2^120 first */
+    const __m512 w = qr->scale_2p120 != 0.0f ? _mm512_mul_ps(raw, _mm512_set1_ps(qr->scale_2p120))
+                                             : _mm512_mul_ps(_mm512_mul_ps(raw, _mm512_set1_ps(0x1p120f)), _mm512_set1_ps(qr->scale));
     if (qr->scale_dtype == ZAYA_BF16) {
         const __m512i u = _mm512_castps_si512(w), one = _mm512_set1_epi32(1);
         const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
@@ -289,15 +301,28 @@ static inline __m512 fp8_weights_512(const uint8_t *q, const QuantRow *qr) {
     return w;
 }
 
-/* 16 MXFP4 weights i..i+15 of a row (i a multiple of 16: one exponent): each byte twice, shifted by 0
- * and 4, picks its value from the 16-entry table of E2M1 values times the group's power of two */
-static inline __m512 mxfp4_weights_512(const uint8_t *q, const QuantRow *qr, int i) {
+/* MXFP4 weights i..i+15 (i a multiple of 16) of a row: the lane of weight i + m holds nibble m of the 8
+ * bytes in its low 4 bits, which pick its value from `table`, the 16 E2M1 values times the group's
+ * power of two (exact). With VBMI one multishift takes each lane's nibble from the 8 bytes broadcast
+ * (the shuffle port is what limits this kernel); without, each byte twice, shifted by 0 and 4. */
+static inline __m512 mxfp4_16(const uint8_t *q, int i, __m512 table) {
+#ifdef __AVX512VBMI__
+    uint64_t b8;
+    memcpy(&b8, q + i / 2, 8);
+    const __m512i at = _mm512_set_epi64(0x3c3c3c3c38383838, 0x3434343430303030, 0x2c2c2c2c28282828, 0x2424242420202020,
+                                        0x1c1c1c1c18181818, 0x1414141410101010, 0x0c0c0c0c08080808, 0x0404040400000000);
+    const __m512i idx = _mm512_multishift_epi64_epi8(at, _mm512_set1_epi64((long long)b8));   /* lane m: bits 4m.. */
+#else
     const __m128i b = _mm_loadl_epi64((const __m128i *)(q + i / 2));
     const __m512i idx = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b)),
                                           _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0));
-    const __m512 table = _mm512_mul_ps(_mm512_load_ps(E2M1), _mm512_set1_ps(e8m0_to_f32(qr->exponents[i / 32])));
+#endif
     return _mm512_permutexvar_ps(idx, table);   /* the index's low 4 bits: the nibble */
 }
+static inline __m512 mxfp4_table(const QuantRow *qr, int i) {   /* the group of weight i */
+    return _mm512_mul_ps(_mm512_load_ps(E2M1), _mm512_castsi512_ps(_mm512_set1_epi32((int)E8M0_BITS[qr->exponents[i / 32]])));
+}
+static inline __m512 mxfp4_weights_512(const uint8_t *q, const QuantRow *qr, int i) { return mxfp4_16(q, i, mxfp4_table(qr, i)); }
 #endif
 
 /* Weights of dtype `kind` (float32, bf16, or FP8 / MXFP4 dequantized as weight_value does) x float32
@@ -320,7 +345,11 @@ dot_float_n(float *out, const int nt, const void *wv, const int kind, const Quan
     __m512 a[DOT_TOKENS], b[DOT_TOKENS];
     for (int t = 0; t < nt; t++) a[t] = b[t] = _mm512_setzero_ps();
     for (; i + 2 * LANES <= n; i += 2 * LANES) {
-        const __m512 w0 = W512(i), w1 = W512(i + LANES);
+        __m512 w0, w1;
+        if (kind == ZAYA_MXFP4) {   /* i is a multiple of 32: one group, one table */
+            const __m512 table = mxfp4_table(qr, i);
+            w0 = mxfp4_16(wq, i, table), w1 = mxfp4_16(wq, i + LANES, table);
+        } else w0 = W512(i), w1 = W512(i + LANES);
         for (int t = 0; t < nt; t++) {
             a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * x_stride + i), a[t]);
             b[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + t * x_stride + i + LANES), b[t]);
@@ -524,10 +553,11 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
                        xqs + (size_t)t * (cols / G), (size_t)(cols / G), cols, G);
             } else if (w->dtype == ZAYA_BF16) dot_float(r, nt, (const uint16_t *)w->data + row, ZAYA_BF16, NULL, x + (size_t)t * xs, (size_t)xs, cols);
             else if (w->dtype == ZAYA_FP8) {
-                const QuantRow qr = {NULL, w->scales[o], w->scale_dtype};
+                const float sc = w->scales[o];
+                const QuantRow qr = {NULL, sc, fabsf(sc) <= 0x1p7f ? sc * 0x1p120f : 0.0f, w->scale_dtype};
                 dot_float(r, nt, (const uint8_t *)w->data + row, ZAYA_FP8, &qr, x + (size_t)t * xs, (size_t)xs, cols);
             } else if (w->dtype == ZAYA_MXFP4) {
-                const QuantRow qr = {w->exponents + row / 32, 0.0f, 0};
+                const QuantRow qr = {w->exponents + row / 32, 0.0f, 0.0f, 0};
                 dot_float(r, nt, (const uint8_t *)w->data + row / 2, ZAYA_MXFP4, &qr, x + (size_t)t * xs, (size_t)xs, cols);
             } else dot_float(r, nt, (const float *)w->data + row, ZAYA_F32, NULL, x + (size_t)t * xs, (size_t)xs, cols);
             for (int k = 0; k < nt; k++) y[(size_t)(t + k) * ys + o] = r[k];

@@ -195,8 +195,9 @@ static void quant_values_case(void) {
     check(ok, what, "MXFP4 values");
 }
 
-/* dtype ZAYA_FP8 (scale dtype sd) or ZAYA_MXFP4, random bytes; `experts` stacked slices of rows/experts rows */
-static void quant_matmul_case(int dtype, int sd, int rows, int cols, int experts) {
+/* dtype ZAYA_FP8 (scale dtype sd, scales times `big`) or ZAYA_MXFP4, random bytes; `experts` stacked
+ * slices of rows/experts rows */
+static void quant_matmul_case(int dtype, int sd, float big, int rows, int cols, int experts) {
     const size_t n = (size_t)rows * cols;
     uint8_t *q = malloc(dtype == ZAYA_FP8 ? n : n / 2), *ex = NULL;
     float *scales = NULL;
@@ -205,7 +206,7 @@ static void quant_matmul_case(int dtype, int sd, int rows, int cols, int experts
         scales = malloc(sizeof(float) * rows);
         for (int r = 0; r < rows; r++) {   /* f16: products down to 2^-19, inside f16's subnormals */
             const float s = (0.75f + 0.25f * frand()) * (sd == ZAYA_F16 ? 0x1p-10f : 0x1p-8f);
-            scales[r] = sd == ZAYA_BF16 ? bf16_of(s) : sd == ZAYA_F16 ? ldexpf(rintf(ldexpf(s, 20)), -20) : s;
+            scales[r] = sd == ZAYA_BF16 ? bf16_of(s) : sd == ZAYA_F16 ? ldexpf(rintf(ldexpf(s, 20)), -20) : s * big;
         }
     } else {
         for (size_t i = 0; i < n / 2; i++) q[i] = rbyte();
@@ -220,7 +221,7 @@ static void quant_matmul_case(int dtype, int sd, int rows, int cols, int experts
     for (int r = 0; r < rows; r++) matrix_row(&m, r, deq + (size_t)r * cols);
     char label[128], what[200];
     const char *sdn = sd == ZAYA_BF16 ? "bf16" : sd == ZAYA_F16 ? "f16" : "f32";
-    if (dtype == ZAYA_FP8) snprintf(label, sizeof label, "matmul fp8 (%s scales) [%d x %d]", sdn, rows, cols);
+    if (dtype == ZAYA_FP8) snprintf(label, sizeof label, "matmul fp8 (%s scales%s) [%d x %d]", sdn, big > 1 ? " > 2^7" : "", rows, cols);
     else snprintf(label, sizeof label, "matmul mxfp4 [%d x %d]", rows, cols);
 
     matmul_ref(yr, rows, &m, x, cols, 1);
@@ -286,13 +287,14 @@ int main(void) {
     /* row lengths: ZAYA1-8B's 2048, blocks of 32 with an odd 16-block (FP8 only: any length) */
     const int sds[3] = {ZAYA_BF16, ZAYA_F16, ZAYA_F32};
     for (int k = 0; k < 3; k++) {
-        quant_matmul_case(ZAYA_FP8, sds[k], 256, 2048, 4);
-        quant_matmul_case(ZAYA_FP8, sds[k], 48, 80, 3);
-        quant_matmul_case(ZAYA_FP8, sds[k], 10, 37, 2);
+        quant_matmul_case(ZAYA_FP8, sds[k], 1, 256, 2048, 4);
+        quant_matmul_case(ZAYA_FP8, sds[k], 1, 48, 80, 3);
+        quant_matmul_case(ZAYA_FP8, sds[k], 1, 10, 37, 2);
     }
-    quant_matmul_case(ZAYA_MXFP4, 0, 256, 2048, 4);
-    quant_matmul_case(ZAYA_MXFP4, 0, 48, 96, 3);
-    quant_matmul_case(ZAYA_MXFP4, 0, 6, 32, 2);
+    quant_matmul_case(ZAYA_FP8, ZAYA_F32, 0x1p16f, 48, 80, 3);   /* scale * 2^120 overflows: two multiplies */
+    quant_matmul_case(ZAYA_MXFP4, 0, 1, 256, 2048, 4);
+    quant_matmul_case(ZAYA_MXFP4, 0, 1, 48, 96, 3);
+    quant_matmul_case(ZAYA_MXFP4, 0, 1, 6, 32, 2);
     attention_case(8, 2, 128, 300, 0, 200);    /* ZAYA1-8B's heads, a full cache */
     attention_case(8, 2, 128, 64, 137, 200);   /* a sliding window of 64: a ring that wraps */
     attention_case(6, 3, 16, 5, 8, 12);        /* odd KV heads, window 5 */
