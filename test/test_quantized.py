@@ -18,7 +18,8 @@ materialises). Checked:
 - native blobs (--keep-quantized-experts: FP8 with bf16, f32 and f16 scales, MXFP4; stacked, split and
   legacy names): version 2, the experts in dtype 3 / 4 with the field at 188, the other matrices in
   --dtype; they load (also with --verify), dump and generate, and ./zaya's logits and greedy tokens
-  equal those on the dequantized export bit for bit at 1 and 2 threads; int8 + MXFP4 experts runs;
+  equal those on the dequantized export bit for bit at 1 and 2 threads, and zaya_debug's (portable C
+  kernels) equal ./zaya's; int8 + MXFP4 experts runs;
 - the loader refuses corrupted native entries (field 188, byte size, MXFP4 rows not a multiple of 32,
   FP8 on a non-expert tensor, the new dtypes in a version-1 blob, and with --verify a NaN FP8 byte /
   E8M0 byte 255), naming the tensor, expected and found;
@@ -352,6 +353,18 @@ def native_blobs(cases, blobs):
             want = greedy(ref)
             check(rc == 0 and out.strip() == want, f"{name}: --threads {threads}: the same 8 greedy tokens as the "
                   f"dequantized export ({want})", f"{out.strip()} vs {want}; {err.strip()[-200:]}")
+    # the portable C kernels (zaya_debug: no -march, ASan + UBSan) give the same bits as the SIMD build
+    debug = check(os.path.exists(os.path.join(ROOT, "zaya_debug")), "zaya_debug exists", "run: make zaya_debug")
+    for name in ("fp8_legacy_f16", "mxfp4_stacked"):
+        if name not in natives or not debug:
+            continue
+        want, _ = zaya_logits(natives[name], os.path.join(OUT, f"native_{name}_dump"))
+        d = os.path.join(OUT, f"native_{name}_debug_dump")
+        shutil.rmtree(d, ignore_errors=True)
+        rc, _, err = run(["./zaya_debug", natives[name], "--ids", IDS, "--dump", d, "--dump-filter", "^logits$"])
+        got = read_npy(os.path.join(d, "logits.npy"))[1] if rc == 0 else None
+        check(got is not None and got == want, f"{name}: zaya_debug (portable C kernels, sanitizers) gives the native "
+              "blob's logits bit for bit", err.strip()[-300:])
     # int8 everywhere else + native MXFP4 experts (the mix of the size argument): exports, loads, generates
     q = os.path.join(OUT, "q_mxfp4_stacked")
     if os.path.isdir(q) and "mxfp4_stacked" in natives:
