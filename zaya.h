@@ -2,7 +2,8 @@
  *
  *   zaya_load() -> zaya_state_init() -> zaya_forward() on the prompt, then on each new token.
  * Activations are float32. bf16 weights are widened exactly; int8 weights (Q8 groups) meet the
- * activations quantized to int16 per group in exact integer dot products (kernels.c).
+ * activations quantized to int16 per group in exact integer dot products (kernels.c); FP8 / MXFP4
+ * expert weights (blob format version 2) are dequantized at use to the official code's values.
  * The model is described in docs/architecture.md (cited below as "arch §n"); the upstream code
  * is Hugging Face transformers' src/transformers/models/zaya/modeling_zaya.py ("HF").
  *

@@ -378,6 +378,13 @@ def native_blobs(cases, blobs):
                   "mxfp4 + int8: the other matrices int8, the expert tensors the same bytes as with --dtype bf16")
             g = greedy(nb)
             check(len(g.split(",")) == 8, f"mxfp4 + int8: the native blob generates 8 tokens ({g})", g)
+            want, _ = zaya_logits(nb, os.path.join(OUT, "native_mxfp4_int8_dump"))
+            d = os.path.join(OUT, "native_mxfp4_int8_huge_dump")
+            shutil.rmtree(d, ignore_errors=True)
+            rc, _, err = run(["./zaya", nb, "--hugepages", "--ids", IDS, "--dump", d, "--dump-filter", "^logits$"])
+            got = read_npy(os.path.join(d, "logits.npy"))[1] if rc == 0 else None
+            check(want is not None and got == want, "mxfp4 + int8: --hugepages (int8 rows interleaved, the experts as "
+                  "stored) gives the same logits bit for bit", err.strip()[-300:])
     # bench/bytes_per_token.py counts the new dtypes: 4.25 bits per MXFP4 expert weight
     if "mxfp4_stacked" in natives:
         rc, out, err = run(["python3", "bench/bytes_per_token.py", natives["mxfp4_stacked"]])
