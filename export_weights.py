@@ -692,6 +692,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
         for name, shape, kind, srcs in plan:
             if all(isinstance(where[s], DequantizedExperts) for s in srcs):
                 native[name] = native_expert_chunks(where[srcs[0]], srcs)
+        if not native:
+            log("note: --keep-quantized-experts: the checkpoint has no quantized experts; the blob is format version 1")
     quantizer = None
     groups = {}                 # int8: the group size of each matrix (along its rows)
     if wformat == "int8":
