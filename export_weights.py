@@ -17,7 +17,8 @@ An option the official code computes but zaya.c does not is refused as a limitat
 
 Quantized expert checkpoints (Zyphra's FP8-Experts / MXFP4-Experts, compressed-tensors
 `quantization_config`) are recognised and their experts dequantized exactly as the official code does
-(docs/quantized-experts.md); storing them natively (--keep-quantized-experts) is not supported yet.
+(docs/quantized-experts.md); with --keep-quantized-experts the experts stay FP8 / MXFP4 in the blob
+(format version 2; the other matrices take --dtype) and the engine dequantizes them as it reads them.
 
 The blob layout is described in docs/blob-format.md and mirrored by zaya.c (ZayaFileHeader).
 Python standard library only. Tensors are streamed in chunks, so peak memory stays far below the
@@ -37,7 +38,8 @@ import zlib
 
 import export_tokenizer
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1          # what every blob without native FP8 / MXFP4 experts is written as
+FORMAT_VERSION_QUANTIZED = 2  # format version 2 adds the dtypes 3 (FP8 rows) and 4 (MXFP4) for the experts
 MAGIC = b"ZAYABLOB"
 EXPORTER_VERSION = "zaya.c export_weights.py 1.0"
 HEADER_SIZE = 1024          # fixed header + config + layer types + provenance
@@ -710,12 +712,13 @@ class BlobWriter:
             self.pos += n
 
 
-def pack_header(c, layout, wformat, group, n_tensors, data_off, tok_off, tok_size, file_size, provenance):
+def pack_header(c, layout, wformat, group, n_tensors, data_off, tok_off, tok_size, file_size, provenance,
+                version=FORMAT_VERSION):
     L = c["num_hidden_layers"]
     eos = c["eos_token_ids"][:MAX_EOS]
     rot = [int(c["head_dim"] * c["partial_rotary_factor"][t]) for t in LAYER_TYPES]
     h = bytearray(HEADER_SIZE)
-    struct.pack_into("<8sIIQQIIIIQQQ", h, 0, MAGIC, FORMAT_VERSION, 0, file_size, HEADER_SIZE, n_tensors,
+    struct.pack_into("<8sIIQQIIIIQQQ", h, 0, MAGIC, version, 0, file_size, HEADER_SIZE, n_tensors,
                      DTYPE_CODES[wformat], group, 0 if layout == "native" else 1, data_off, tok_off, tok_size)
     struct.pack_into("<14I2iI4i2I5fIIf", h, 128,
                      c["vocab_size"], c["hidden_size"], L, c["num_attention_heads"], c["num_key_value_heads"],
@@ -738,7 +741,8 @@ def pack_entry(name, dtype, shape, offset, nbytes, crc, group):
     nb = name.encode()
     e[:len(nb)] = nb
     dims = list(shape) + [1] * (4 - len(shape))
-    struct.pack_into("<II4QQQII", e, NAME_SIZE, DTYPE_CODES[dtype], len(shape), *dims, offset, nbytes, crc, group)
+    code = DTYPE_CODES[dtype] if dtype in DTYPE_CODES else BLOB_V2_DTYPE_CODES[dtype]
+    struct.pack_into("<II4QQQII", e, NAME_SIZE, code, len(shape), *dims, offset, nbytes, crc, group)
     return e
 
 
@@ -863,13 +867,20 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     check_config_limits(c, cfg_path)
     where = quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log)
     plan = plan_tensors(c, layout, where)
+    native = {}                 # --keep-quantized-experts: blob name -> (dtype, field 188, nbytes, chunks)
+    if keep_quantized:
+        for name, shape, kind, srcs in plan:
+            if all(isinstance(where[s], DequantizedExperts) for s in srcs):
+                native[name] = native_expert_chunks(where[srcs[0]], srcs)
+        if not native:
+            log("note: --keep-quantized-experts: the checkpoint has no quantized experts; the blob is format version 1")
     quantizer = None
     groups = {}                 # int8: the group size of each matrix (along its rows)
     if wformat == "int8":
         if group is not None and not 1 <= group <= 4096:
             fail("int8 group size is out of range", "--group-size", "1..4096", group)
         for name, shape, kind, _ in plan:
-            if kind != "matrix":
+            if kind != "matrix" or name in native:
                 continue
             g = group or DEFAULT_GROUP   # or the largest power of two below it that divides the row
             while shape[-1] % g and group is None:
@@ -900,6 +911,12 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     data_off = align(HEADER_SIZE + dir_size, PAGE)
     entries, pos = [], data_off
     for name, shape, kind, srcs in plan:
+        if name in native:      # FP8 / MXFP4 experts as in the checkpoint (format version 2)
+            code, field, nbytes, _ = native[name]
+            dtype = next(k for k, v in BLOB_V2_DTYPE_CODES.items() if v == code)
+            entries.append([name, dtype, shape, pos, nbytes, 0, field])
+            pos = align(pos + nbytes, ALIGN)
+            continue
         dtype = wformat if kind == "matrix" else "fp32"
         nbytes = tensor_nbytes(shape, dtype, groups.get(name, 0))
         entries.append([name, dtype, shape, pos, nbytes, 0, groups.get(name, 0)])
@@ -914,7 +931,13 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     for entry, (name, shape, kind, srcs) in zip(entries, plan):
         w.pad_to(ALIGN)
         assert w.pos == entry[3]
-        if entry[1] == "int8":
+        if name in native:
+            w.crc = 0
+            for chunk in native[name][3]:
+                w.write(chunk)
+            entry[5] = w.crc
+            assert w.pos == entry[3] + entry[4]
+        elif entry[1] == "int8":
             entry[5] = quantize_tensor(quantizer, w, entry, srcs, where, log)
         else:
             w.crc = 0
@@ -931,8 +954,11 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     w.write(tok)
     provenance = {"exporter": EXPORTER_VERSION, "source": os.path.basename(os.path.abspath(ckpt)),
                   "layout": layout, "dtype": wformat}
+    if native:
+        provenance["experts"] = sorted({e[1] for e in entries if e[0] in native})[0]
     header = pack_header(c, layout, wformat, (group or DEFAULT_GROUP) if wformat == "int8" else 0, len(entries), data_off,
-                         tok_off, len(tok), file_size, provenance)
+                         tok_off, len(tok), file_size, provenance,
+                         FORMAT_VERSION_QUANTIZED if native else FORMAT_VERSION)
     directory = b"".join(pack_entry(*e) for e in entries)
     struct.pack_into("<I", header, 12, zlib.crc32(directory, zlib.crc32(bytes(header))))
     w.f.seek(0)
@@ -940,7 +966,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     w.f.write(directory)
     w.f.close()
     os.replace(out + ".tmp", out)
-    log(f"wrote {out}: {file_size / 1e6:.1f} MB, {len(entries)} tensors ({wformat}), "
+    log(f"wrote {out}: {file_size / 1e6:.1f} MB, {len(entries)} tensors ({wformat}"
+        + (f", experts {provenance['experts']}, format version 2" if native else "") + "), "
         f"tokenizer {len(tok) / 1e6:.1f} MB, in {time.time() - t0:.1f} s")
 
 
@@ -1255,17 +1282,13 @@ def quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log):
                  "matrices may be quantized in the supported checkpoints)", where[n].tensors[n][0])
     if len({k.split()[0] for k in kinds}) > 1:
         fail("quantized experts are stored in mixed layouts", ckpt_name(cfg_path), "one layout", sorted(kinds))
-    if keep_quantized:
-        fail("native FP8 / MXFP4 expert storage is not yet supported by this engine", "--keep-quantized-experts",
-             "no --keep-quantized-experts", "--keep-quantized-experts",
-             "export without it: the experts are dequantized exactly as the official code does "
-             "(docs/quantized-experts.md); the proposed blob dtypes are in docs/blob-format.md")
     for n in used:
         del new[n]
     new.update({n: dq for n in dq.tensors})
     out_dtype = "bf16" if scheme == "mxfp4" else {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}[next(iter(sdtypes))]
-    log(f"quantized experts: {scheme} ({' and '.join(sorted(kinds))} modules, {len(used)} tensors), dequantized to "
-        f"{out_dtype} as the official code does (docs/quantized-experts.md)")
+    log(f"quantized experts: {scheme} ({' and '.join(sorted(kinds))} modules, {len(used)} tensors), "
+        + (f"kept as {scheme} in the blob (format version 2; the engine dequantizes them to {out_dtype} values)"
+           if keep_quantized else f"dequantized to {out_dtype} as the official code does (docs/quantized-experts.md)"))
     return new
 
 
@@ -1273,12 +1296,13 @@ def ckpt_name(cfg_path):
     return os.path.dirname(cfg_path) or "."
 
 
-# Proposed blob format version 2 (docs/blob-format.md): not written by export() yet.
+# Blob format version 2 (docs/blob-format.md): the experts stored as in the checkpoint
+# (--keep-quantized-experts).
 BLOB_V2_DTYPE_CODES = {"fp8_e4m3_rows": 3, "mxfp4": 4}
 
 
 def pack_blob_fp8_rows(values, scales):
-    """Proposed dtype 3: the E4M3FN bytes row-major, zero-padded to 64 bytes, then one fp32 scale per
+    """Dtype 3: the E4M3FN bytes row-major, zero-padded to 64 bytes, then one fp32 scale per
     row (a bf16 / fp16 checkpoint scale widens exactly); the directory entry records the checkpoint
     scale's dtype, to which each product is rounded."""
     return bytes(values) + b"\0" * (align(len(values), ALIGN) - len(values)) + struct.pack(f"<{len(scales)}f", *scales)
@@ -1288,10 +1312,11 @@ BLOB_V2_SCALE_DTYPE = {"F32": 0, "BF16": 1, "F16": 5}     # entry field 188 of d
 
 
 def native_expert_chunks(dq, names, chunk_rows=4096):
-    """The proposed version-2 payload of one blob expert tensor made of the DequantizedExperts
-    tensors `names` (one native tensor, or a legacy layout's experts in order), streamed: the value
-    bytes in row order, zero padding to 64 bytes, then the scales (FP8: fp32 per row; MXFP4: the E8M0
-    bytes). Returns (blob dtype code, entry field 188, nbytes, chunk iterator)."""
+    """The version-2 payload of one blob expert tensor made of the DequantizedExperts tensors `names`
+    (one native tensor, or a legacy layout's experts in order), streamed: the value bytes in row order,
+    zero padding to 64 bytes, then the scales (FP8: fp32 per row; MXFP4: the E8M0 bytes). What the
+    dequantizing path refuses is refused here too: a NaN FP8 byte, a non-finite scale or product,
+    E8M0 byte 255. Returns (blob dtype code, entry field 188, nbytes, chunk iterator)."""
     pieces = [p for name in names for p in dq.pieces[name]]
     dtype, shape, _, _ = dq.tensors[names[0]]
     cols = shape[-1]
@@ -1302,10 +1327,17 @@ def native_expert_chunks(dq, names, chunk_rows=4096):
     vsuffix = ".weight" if fp8 else ".weight_packed"
 
     def chunks():
-        for module, sv, _, n in pieces:
+        for module, sv, ss, n in pieces:
             per = cols if fp8 else cols // 2
             for a in range(0, n, chunk_rows):
-                yield sv.read(module + vsuffix, a * per, min(n, a + chunk_rows) * per)
+                raw = sv.read(module + vsuffix, a * per, min(n, a + chunk_rows) * per)
+                if fp8 and (b"\x7f" in raw or b"\xff" in raw):
+                    r = a + max(raw.find(b"\x7f"), raw.find(b"\xff")) // cols
+                    fail("an FP8 E4M3 weight is NaN (byte 0x7f or 0xff)", f"{sv.path}: {module}.weight row {r}",
+                         hint="the checkpoint is corrupt")
+                if fp8:
+                    check_fp8_products(ss, module, raw, a, cols)
+                yield raw
         yield b"\0" * (align(vbytes, ALIGN) - vbytes)
         for module, _, ss, n in pieces:
             sname = module + ".weight_scale"
@@ -1316,14 +1348,36 @@ def native_expert_chunks(dq, names, chunk_rows=4096):
                 if fp8:
                     v = read_scale_values(raw, sdt)
                     raw = struct.pack(f"<{len(v)}f", *v)
+                elif 255 in raw:
+                    fail("MXFP4 scale byte 0xFF is NaN", f"{ss.path}: {sname} row {a + raw.index(255) // per}",
+                         "an E8M0 exponent byte 0..254", 255, "the checkpoint is corrupt")
                 yield raw
 
     field = BLOB_V2_SCALE_DTYPE[dtype] if fp8 else MX_GROUP
     return BLOB_V2_DTYPE_CODES["fp8_e4m3_rows" if fp8 else "mxfp4"], field, align(vbytes, ALIGN) + sbytes, chunks()
 
 
+FP8_DTYPE_MAX = {"BF16": 3.3895313892515355e38, "F16": 65504.0, "F32": 3.4028234663852886e38}
+
+
+def check_fp8_products(ss, module, raw, first, cols):
+    """Rows first.. of an FP8 module (raw: their values): every scale finite and e4m3(q) x scale finite
+    in the scale's dtype for every code, as the dequantizing path requires."""
+    sname = module + ".weight_scale"
+    sdt = ss.tensors[sname][0]
+    rows = len(raw) // cols
+    size = ST_DTYPE_SIZE[sdt]
+    scales = read_scale_values(ss.read(sname, first * size, (first + rows) * size), sdt)
+    limit = FP8_DTYPE_MAX[sdt] / 448.0
+    for r, s in enumerate(scales):
+        if s != s or s in (float("inf"), float("-inf")):
+            fail("an FP8 row scale is not finite", f"{ss.path}: {sname} row {first + r}", "a finite number", s)
+        if abs(s) > limit:      # as in the dequantizing path: the row's table refuses an overflowing product
+            fp8_row_table(s, sdt, f"{ss.path}: {module}")
+
+
 def pack_blob_mxfp4(packed, exponents):
-    """Proposed dtype 4: the packed E2M1 bytes as in the checkpoint (low nibble = even column),
+    """Dtype 4: the packed E2M1 bytes as in the checkpoint (low nibble = even column),
     zero-padded to 64 bytes, then the E8M0 exponent bytes, one per 32 values in row order."""
     return bytes(packed) + b"\0" * (align(len(packed), ALIGN) - len(packed)) + bytes(exponents)
 
@@ -1341,8 +1395,8 @@ def main(argv=None):
     ap.add_argument("--chat-format", choices=["auto", "chatml", "gemma", "none"], default="auto",
                     help="chat turn format (default: recognised from tokenizer_config.json's chat_template)")
     ap.add_argument("--keep-quantized-experts", action="store_true",
-                    help="store FP8 / MXFP4 experts in their own format (docs/blob-format.md, proposed version 2; "
-                         "not yet supported by the engine); without it they are dequantized as the official code does")
+                    help="store FP8 / MXFP4 experts in their own format (docs/blob-format.md, format version 2; "
+                         "the other matrices take --dtype); without it they are dequantized as the official code does")
     args = ap.parse_args(argv)
     try:
         export(args.checkpoint, args.out, args.dtype, args.group_size,

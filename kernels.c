@@ -6,7 +6,7 @@
  * whatever the thread count, the number of tokens per call or the SIMD width (AVX-512 or portable C),
  * so the model's results never depend on them.
  *
- *   1. memory and weight access (bf16, int8 groups in the blob's order)
+ *   1. memory and weight access (bf16, int8 groups in the blob's order, FP8 and MXFP4 dequantized)
  *   2. activations quantized to int16 for int8 weights
  *   3. dot products: AVX-512 / AVX512-VNNI bodies beside their portable C twins
  *   4. the thread pool
@@ -57,7 +57,13 @@ ZayaMatrix matrix_rows(const ZayaMatrix *m, int row0, int nrows) {
     r.rows = nrows;
     if (m->dtype == ZAYA_F32) r.data = (const float *)m->data + start;
     else if (m->dtype == ZAYA_BF16) r.data = (const uint16_t *)m->data + start;
-    else {   /* row0 is a multiple of ZAYA_Q8_INTERLEAVE where rows are interleaved (kernels_arrange_rows) */
+    else if (m->dtype == ZAYA_FP8) {   /* one byte per value, one scale per row */
+        r.data = (const uint8_t *)m->data + start;
+        r.scales = m->scales + row0;
+    } else if (m->dtype == ZAYA_MXFP4) {   /* two values per byte, one exponent per 32 (cols % 32 == 0) */
+        r.data = (const uint8_t *)m->data + start / 2;
+        r.exponents = m->exponents + start / 32;
+    } else {   /* row0 is a multiple of ZAYA_Q8_INTERLEAVE where rows are interleaved (kernels_arrange_rows) */
         r.data = (const int8_t *)m->data + start;
         r.scales = m->scales + start / (size_t)m->group_size;
         const int il = m->interleaved_rows - row0;
@@ -88,11 +94,100 @@ size_t zaya_q8_position(int i, int cols, int group) {
     return (size_t)b * block + (size_t)(j / 2) * 16 + 2 * k + j % 2;
 }
 
+/* FP8 E4M3FN and MXFP4 weights (format version 2, the experts; docs/quantized-experts.md) are
+ * dequantized where they are used, to exactly the numbers the official code materialises:
+ *   FP8:   w = round_to(scale dtype, e4m3(q) * scale), round to nearest even (the product is exact
+ *          in float32 for bf16 / f16 scales; for f32 scales the multiply is the one rounding);
+ *   MXFP4: w = e2m1(nibble) * 2^(e - 127), exact.
+ * The kernels then multiply-add them in the same order as float32 weights, so a matrix gives the same
+ * bits as the float32 (or bf16) matrix of its dequantized values. */
+static inline float f32_of_bits(uint32_t b) { float f; memcpy(&f, &b, sizeof f); return f; }
+static inline uint32_t bits_of_f32(float f) { uint32_t b; memcpy(&b, &f, sizeof b); return b; }
+
+/* E4M3FN: the 7 magnitude bits under float32's exponent field make 2^-120 times the value (a float32
+ * subnormal for E4M3 subnormals), so one exact multiply by 2^120 decodes normals and subnormals alike. */
+static inline float e4m3_to_f32(uint8_t q) {
+    return f32_of_bits((uint32_t)(q & 0x80) << 24 | (uint32_t)(q & 0x7f) << 20) * 0x1p120f;
+}
+
+/* float32 to the nearest bf16 (ties to even; inf stays inf), as torch rounds a result to bfloat16 */
+static inline float round_bf16(float f) {
+    const uint32_t b = bits_of_f32(f);
+    return f32_of_bits((b + 0x7fffu + ((b >> 16) & 1)) & 0xffff0000u);
+}
+
+/* float32 to the nearest IEEE half (ties to even, subnormals, overflow to inf), as a float32 */
+static inline float round_f16(float f) {
+    const uint32_t b = bits_of_f32(f), sign = b & 0x80000000u;
+    uint32_t a = b ^ sign;
+    if (a >= 0x477ff000u) a = a >= 0x7f800000u ? a : 0x7f800000u;   /* 65520 and above round to inf */
+    else if (a < 0x38800000u) a = bits_of_f32(rintf(f32_of_bits(a) * 0x1p24f) * 0x1p-24f);   /* below 2^-14: multiples of 2^-24 */
+    else a = (a + 0xfffu + ((a >> 13) & 1)) & ~0x1fffu;   /* 10 mantissa bits */
+    return f32_of_bits(a | sign);
+}
+
+static inline float fp8_weight(uint8_t q, float scale, int scale_dtype) {
+    const float w = e4m3_to_f32(q) * scale;
+    return scale_dtype == ZAYA_BF16 ? round_bf16(w) : scale_dtype == ZAYA_F16 ? round_f16(w) : w;
+}
+
+/* E2M1 nibble -> value: bit 3 the sign, bits 0-2 index the magnitudes */
+static const float E2M1[16] __attribute__((aligned(64))) = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                                            -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+/* E8M0 byte e -> the bits of 2^(e - 127) (e = 0: the float32 subnormal 2^-127; 255, inf, is refused by
+ * the loader's --verify); a table, so that the SIMD kernel broadcasts it straight from memory */
+#define E8M0(e) ((e) ? (uint32_t)(e) << 23 : 0x400000u)
+#define E8M0_8(e) E8M0(e), E8M0(e + 1), E8M0(e + 2), E8M0(e + 3), E8M0(e + 4), E8M0(e + 5), E8M0(e + 6), E8M0(e + 7)
+#define E8M0_64(e) E8M0_8(e), E8M0_8(e + 8), E8M0_8(e + 16), E8M0_8(e + 24), E8M0_8(e + 32), E8M0_8(e + 40), E8M0_8(e + 48), E8M0_8(e + 56)
+static const uint32_t E8M0_BITS[256] = {E8M0_64(0), E8M0_64(64), E8M0_64(128), E8M0_64(192)};
+#undef E8M0_64
+#undef E8M0_8
+#undef E8M0
+static inline float e8m0_to_f32(uint8_t e) { return f32_of_bits(E8M0_BITS[e]); }
+
+/* The values of an FP8 / MXFP4 row the dot products need beside the bytes. */
+typedef struct {
+    const uint8_t *exponents;   /* MXFP4: the row's E8M0 bytes */
+    float scale;                /* FP8: the row's scale */
+    float scale_2p120;          /* FP8: scale * 2^120 when |scale| <= 2^7 (no overflow), else 0 */
+    int scale_dtype;            /* FP8: ZAYA_F32, ZAYA_BF16 or ZAYA_F16 */
+} QuantRow;
+
+/* Weight i of a row of dtype `kind` (the dot products' portable form). */
+static inline float weight_value(int kind, const void *w, const QuantRow *qr, int i) {
+    if (kind == ZAYA_BF16) return bf16_to_f32(((const uint16_t *)w)[i]);
+    if (kind == ZAYA_FP8) return fp8_weight(((const uint8_t *)w)[i], qr->scale, qr->scale_dtype);
+    if (kind == ZAYA_MXFP4) {
+        const uint8_t b = ((const uint8_t *)w)[i / 2];
+        return E2M1[i % 2 ? b >> 4 : b & 15] * e8m0_to_f32(qr->exponents[i / 32]);
+    }
+    return ((const float *)w)[i];
+}
+
+/* The plain reference of the two formats, written from their definitions (matrix_at). */
+static float e4m3_ref(uint8_t q) {
+    const int e = (q >> 3) & 15, mant = q & 7;   /* bias 7; e = 0: subnormal mant * 2^-9 */
+    const float v = e ? ldexpf((float)(8 + mant), e - 10) : ldexpf((float)mant, -9);
+    return q & 0x80 ? -v : v;
+}
+static float e2m1_ref(int nibble) {
+    static const float magnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return nibble & 8 ? -magnitude[nibble & 7] : magnitude[nibble & 7];
+}
+
 /* Weight [row][i] widened to float32 (int8: dequantized from its stored position). */
 static float matrix_at(const ZayaMatrix *m, int row, int i) {
     size_t start = (size_t)row * (size_t)m->cols;
     if (m->dtype == ZAYA_F32) return ((const float *)m->data)[start + i];
     if (m->dtype == ZAYA_BF16) return bf16_to_f32(((const uint16_t *)m->data)[start + i]);
+    if (m->dtype == ZAYA_FP8) {
+        const float w = e4m3_ref(((const uint8_t *)m->data)[start + i]) * m->scales[row];
+        return m->scale_dtype == ZAYA_BF16 ? round_bf16(w) : m->scale_dtype == ZAYA_F16 ? round_f16(w) : w;
+    }
+    if (m->dtype == ZAYA_MXFP4) {
+        const uint8_t b = ((const uint8_t *)m->data)[(start + i) / 2];
+        return e2m1_ref((start + i) % 2 ? b >> 4 : b & 15) * ldexpf(1.0f, m->exponents[(start + i) / 32] - 127);
+    }
     int pitch;
     const int8_t *w = q8_row(m, row, &pitch);
     return q8_at(w, zaya_q8_position(i, m->cols, m->group_size), pitch) * m->scales[(start + i) / (size_t)m->group_size];
@@ -187,25 +282,75 @@ static inline float sum_lanes_512(__m512 a) {
 }
 #endif
 
-/* float32 or bf16 weights x float32 activations for nt <= DOT_TOKENS tokens at once: per token two
- * chains of 16 lanes of fused multiply-adds (blocks of 16 values alternate between them, so a single
- * token is not held up by the FMA latency), the chains added lane by lane, then sum_lanes. Token t's
- * result is the same operations in the same order whatever nt is; several tokens only share each
- * weight load. */
+#ifdef __AVX512F__
+/* 16 FP8 weights from q: fp8_weight lane by lane (the same bit tricks; the hardware's f16 conversion
+ * rounds to nearest even like round_f16) */
+static inline __m512 fp8_weights_512(const uint8_t *q, const QuantRow *qr) {
+    /* each byte sign-extended, shifted by 20: its sign bit lands on bit 31 (and on 27..30, masked off) */
+    const __m512i b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q));
+    const __m512 raw = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(b, 20), _mm512_set1_epi32((int)0x87f00000u)));
+    /* raw * 2^120 * scale: one multiply by scale * 2^120 where that is a float (the same real product,
+     * rounded once), else the exact multiply by 2^120 first */
+    const __m512 w = qr->scale_2p120 != 0.0f ? _mm512_mul_ps(raw, _mm512_set1_ps(qr->scale_2p120))
+                                             : _mm512_mul_ps(_mm512_mul_ps(raw, _mm512_set1_ps(0x1p120f)), _mm512_set1_ps(qr->scale));
+    if (qr->scale_dtype == ZAYA_BF16) {
+        const __m512i u = _mm512_castps_si512(w), one = _mm512_set1_epi32(1);
+        const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+        return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+    }
+    if (qr->scale_dtype == ZAYA_F16) return _mm512_cvtph_ps(_mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return w;
+}
+
+/* MXFP4 weights i..i+15 (i a multiple of 16) of a row: the lane of weight i + m holds nibble m of the 8
+ * bytes in its low 4 bits, which pick its value from `table`, the 16 E2M1 values times the group's
+ * power of two (exact). With VBMI one multishift takes each lane's nibble from the 8 bytes broadcast
+ * (the shuffle port is what limits this kernel); without, each byte twice, shifted by 0 and 4. */
+static inline __m512 mxfp4_16(const uint8_t *q, int i, __m512 table) {
+#ifdef __AVX512VBMI__
+    uint64_t b8;
+    memcpy(&b8, q + i / 2, 8);
+    const __m512i at = _mm512_set_epi64(0x3c3c3c3c38383838, 0x3434343430303030, 0x2c2c2c2c28282828, 0x2424242420202020,
+                                        0x1c1c1c1c18181818, 0x1414141410101010, 0x0c0c0c0c08080808, 0x0404040400000000);
+    const __m512i idx = _mm512_multishift_epi64_epi8(at, _mm512_set1_epi64((long long)b8));   /* lane m: bits 4m.. */
+#else
+    const __m128i b = _mm_loadl_epi64((const __m128i *)(q + i / 2));
+    const __m512i idx = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b, b)),
+                                          _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0));
+#endif
+    return _mm512_permutexvar_ps(idx, table);   /* the index's low 4 bits: the nibble */
+}
+static inline __m512 mxfp4_table(const QuantRow *qr, int i) {   /* the group of weight i */
+    return _mm512_mul_ps(_mm512_load_ps(E2M1), _mm512_castsi512_ps(_mm512_set1_epi32((int)E8M0_BITS[qr->exponents[i / 32]])));
+}
+static inline __m512 mxfp4_weights_512(const uint8_t *q, const QuantRow *qr, int i) { return mxfp4_16(q, i, mxfp4_table(qr, i)); }
+#endif
+
+/* Weights of dtype `kind` (float32, bf16, or FP8 / MXFP4 dequantized as weight_value does) x float32
+ * activations for nt <= DOT_TOKENS tokens at once: per token two chains of 16 lanes of fused
+ * multiply-adds (blocks of 16 values alternate between them, so a single token is not held up by the
+ * FMA latency), the chains added lane by lane, then sum_lanes. Token t's result is the same operations
+ * in the same order whatever nt and kind are; several tokens only share each weight load. */
 #define DOT_TOKENS 8
 static inline __attribute__((always_inline)) void
-dot_float_n(float *out, const int nt, const void *wv, const int bf16, const float *x, size_t x_stride, int n) {
-    const float *wf = wv;
-    const uint16_t *wb = wv;
+dot_float_n(float *out, const int nt, const void *wv, const int kind, const QuantRow *qr, const float *x, size_t x_stride, int n) {
     float acc[DOT_TOKENS][LANES];
     int i = 0;
 #ifdef __AVX512F__
-#define W512(i) (bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wb + (i)))), 16)) \
-                      : _mm512_loadu_ps(wf + (i)))
+    const float *wf = wv;
+    const uint16_t *wb = wv;
+    const uint8_t *wq = wv;
+#define W512(i) (kind == ZAYA_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wb + (i)))), 16)) \
+                 : kind == ZAYA_FP8 ? fp8_weights_512(wq + (i), qr) : kind == ZAYA_MXFP4 ? mxfp4_weights_512(wq, qr, (i)) \
+                 : _mm512_loadu_ps(wf + (i)))
     __m512 a[DOT_TOKENS], b[DOT_TOKENS];
     for (int t = 0; t < nt; t++) a[t] = b[t] = _mm512_setzero_ps();
     for (; i + 2 * LANES <= n; i += 2 * LANES) {
-        const __m512 w0 = W512(i), w1 = W512(i + LANES);
+        __m512 w0, w1;
+        if (kind == ZAYA_MXFP4) {   /* i is a multiple of 32: one group, one table */
+            const __m512 table = mxfp4_table(qr, i);
+            w0 = mxfp4_16(wq, i, table), w1 = mxfp4_16(wq, i + LANES, table);
+        } else w0 = W512(i), w1 = W512(i + LANES);
         for (int t = 0; t < nt; t++) {
             a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * x_stride + i), a[t]);
             b[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + t * x_stride + i + LANES), b[t]);
@@ -230,20 +375,20 @@ dot_float_n(float *out, const int nt, const void *wv, const int bf16, const floa
         float (*chain)[LANES] = k % 2 ? acc2 : acc;   /* block k's chain */
         for (int t = 0; t < nt; t++)
             for (int l = 0; l < LANES; l++)
-                chain[t][l] = fmaf(bf16 ? bf16_to_f32(wb[i + l]) : wf[i + l], x[t * x_stride + i + l], chain[t][l]);
+                chain[t][l] = fmaf(weight_value(kind, wv, qr, i + l), x[t * x_stride + i + l], chain[t][l]);
     }
     for (int t = 0; t < nt; t++)
         for (int l = 0; l < LANES; l++) acc[t][l] += acc2[t][l];
 #endif
     for (int t = 0; t < nt; t++) {
-        for (int j = i, l = 0; j < n; j++, l++) acc[t][l] = fmaf(bf16 ? bf16_to_f32(wb[j]) : wf[j], x[t * x_stride + j], acc[t][l]);
+        for (int j = i, l = 0; j < n; j++, l++) acc[t][l] = fmaf(weight_value(kind, wv, qr, j), x[t * x_stride + j], acc[t][l]);
         out[t] = sum_lanes(acc[t]);
     }
 }
 
 float dot(const float *w, const float *x, int n) {
     float r;
-    dot_float_n(&r, 1, w, 0, x, 0, n);
+    dot_float_n(&r, 1, w, ZAYA_F32, NULL, x, 0, n);
     return r;
 }
 
@@ -371,9 +516,17 @@ static void dot_q8(float *out, int nt, const int8_t *w, int pitch, const float *
 #undef CASE
 }
 
-static void dot_float(float *out, int nt, const void *w, int bf16, const float *x, size_t x_stride, int n) {
-#define CASE(k) case k: dot_float_n(out, k, w, bf16, x, x_stride, n); break;
-    switch (nt) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) default: CASE(8) }
+/* (and the weights' dtype: one specialised loop per dtype) */
+static void dot_float(float *out, int nt, const void *w, int kind, const QuantRow *qr, const float *x, size_t x_stride, int n) {
+#define CASE(k, K) case k: dot_float_n(out, k, w, K, qr, x, x_stride, n); break;
+#define TOKENS(K) switch (nt) { CASE(1, K) CASE(2, K) CASE(3, K) CASE(4, K) CASE(5, K) CASE(6, K) CASE(7, K) default: CASE(8, K) }
+    switch (kind) {
+    case ZAYA_BF16: TOKENS(ZAYA_BF16) break;
+    case ZAYA_FP8: TOKENS(ZAYA_FP8) break;
+    case ZAYA_MXFP4: TOKENS(ZAYA_MXFP4) break;
+    default: TOKENS(ZAYA_F32) break;
+    }
+#undef TOKENS
 #undef CASE
 }
 
@@ -399,8 +552,15 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
                 }
                 dot_q8(r, nt, wr, pitch, w->scales + row / (size_t)G, xq + (size_t)t * cols, (size_t)cols,
                        xqs + (size_t)t * (cols / G), (size_t)(cols / G), cols, G);
-            } else if (w->dtype == ZAYA_BF16) dot_float(r, nt, (const uint16_t *)w->data + row, 1, x + (size_t)t * xs, (size_t)xs, cols);
-            else dot_float(r, nt, (const float *)w->data + row, 0, x + (size_t)t * xs, (size_t)xs, cols);
+            } else if (w->dtype == ZAYA_BF16) dot_float(r, nt, (const uint16_t *)w->data + row, ZAYA_BF16, NULL, x + (size_t)t * xs, (size_t)xs, cols);
+            else if (w->dtype == ZAYA_FP8) {
+                const float sc = w->scales[o];
+                const QuantRow qr = {NULL, sc, fabsf(sc) <= 0x1p7f ? sc * 0x1p120f : 0.0f, w->scale_dtype};
+                dot_float(r, nt, (const uint8_t *)w->data + row, ZAYA_FP8, &qr, x + (size_t)t * xs, (size_t)xs, cols);
+            } else if (w->dtype == ZAYA_MXFP4) {
+                const QuantRow qr = {w->exponents + row / 32, 0.0f, 0.0f, 0};
+                dot_float(r, nt, (const uint8_t *)w->data + row / 2, ZAYA_MXFP4, &qr, x + (size_t)t * xs, (size_t)xs, cols);
+            } else dot_float(r, nt, (const float *)w->data + row, ZAYA_F32, NULL, x + (size_t)t * xs, (size_t)xs, cols);
             for (int k = 0; k < nt; k++) y[(size_t)(t + k) * ys + o] = r[k];
         }
     }
@@ -684,7 +844,7 @@ static void attention_scores(const KvCache *kv, int h, const float *q, float *p,
         for (int n = n0; n < n1; n += DOT_TOKENS) {
             const int nr = n1 - n < DOT_TOKENS ? n1 - n : DOT_TOKENS;
             float dots[DOT_TOKENS];
-            dot_float(dots, nr, key, 0, q + (size_t)n * d, (size_t)d, d);
+            dot_float(dots, nr, key, ZAYA_F32, NULL, q + (size_t)n * d, (size_t)d, d);
             for (int j = 0; j < nr; j++) p[(size_t)(n + j) * n_keys + (t - first)] = dots[j] * scale;
         }
     }

@@ -86,14 +86,16 @@ typedef struct {
     char name[NAME_SIZE];
     uint32_t dtype, ndim;
     uint64_t shape[4], offset, nbytes;
-    uint32_t crc, group;      /* group: int8 group size (0 for other dtypes) */
+    uint32_t crc, group;      /* field 188: int8 group size; FP8: the scale dtype; MXFP4: 32; else 0 */
     int used;
 } DirEntry;
 
-/* Bytes a tensor of `numel` values takes in the blob (docs/blob-format.md). */
-static uint64_t tensor_bytes(int dtype, uint64_t numel, int group) {
+/* Bytes a tensor of `numel` values in rows of `cols` takes in the blob (docs/blob-format.md). */
+static uint64_t tensor_bytes(int dtype, uint64_t numel, uint64_t cols, int group) {
     if (dtype == ZAYA_F32) return numel * 4;
     if (dtype == ZAYA_BF16) return numel * 2;
+    if (dtype == ZAYA_FP8) return (numel + 63) / 64 * 64 + 4 * (numel / cols);    /* values, one scale per row */
+    if (dtype == ZAYA_MXFP4) return (numel / 2 + 63) / 64 * 64 + numel / 32;      /* nibbles, one E8M0 per 32 */
     return (numel + 63) / 64 * 64 + 4 * (numel / (uint64_t)group);
 }
 
@@ -104,6 +106,7 @@ typedef struct {
     int n;
     char *err;
     size_t errlen;
+    uint32_t version;         /* the blob's format version: 1 has no FP8 / MXFP4 tensors */
 } Loader;
 
 /* Finds tensor `name` with the expected shape (up to 3 dims; 0 = unused); `matrix` = may be any
@@ -153,12 +156,19 @@ static int load_matrix(Loader *ld, ZayaMatrix *m, const char *name, uint64_t n, 
     if (e->dtype == ZAYA_Q8 && cols % e->group != 0)
         return fail(ld->err, ld->errlen, "%s: tensor %s is int8 with %llu columns, not a multiple of its group size %u\n  %s",
                     ld->path, name, (unsigned long long)cols, e->group, HINT_REEXPORT);
+    if ((e->dtype == ZAYA_FP8 || e->dtype == ZAYA_MXFP4) && n == 0)   /* the stacked experts are the n > 0 matrices */
+        return fail(ld->err, ld->errlen, "%s: tensor %s has dtype %u (%s)\n  expected: dtype 0..2 (FP8 and MXFP4 are only for mlp.experts.gate_up_proj / down_proj)\n  found:    dtype %u\n  %s",
+                    ld->path, name, e->dtype, e->dtype == ZAYA_FP8 ? "FP8" : "MXFP4", e->dtype, HINT_REEXPORT);
+    const unsigned char *after = ld->base + e->offset;   /* where the scales follow the padded values */
+    after += e->dtype == ZAYA_MXFP4 ? (total_rows * cols / 2 + 63) / 64 * 64 : (total_rows * cols + 63) / 64 * 64;
     m->dtype = (int)e->dtype;
     m->rows = (int)total_rows;
     m->cols = (int)cols;
-    m->group_size = (int)e->group;
+    m->group_size = e->dtype == ZAYA_FP8 ? 0 : (int)e->group;
     m->data = ld->base + e->offset;
-    m->scales = e->dtype == ZAYA_Q8 ? (const float *)(ld->base + e->offset + (total_rows * cols + 63) / 64 * 64) : NULL;
+    m->scales = e->dtype == ZAYA_Q8 || e->dtype == ZAYA_FP8 ? (const float *)after : NULL;
+    m->exponents = e->dtype == ZAYA_MXFP4 ? after : NULL;
+    m->scale_dtype = e->dtype == ZAYA_FP8 ? (int)e->group : 0;
     return 0;
 }
 
@@ -342,12 +352,21 @@ static int read_directory(Loader *ld, const unsigned char *h, uint64_t data_off,
         e->crc = rd_u32(p + NAME_SIZE + 56);
         e->group = rd_u32(p + NAME_SIZE + 60);
         e->used = 0;
-        if (e->dtype > ZAYA_Q8 || e->ndim < 1 || e->ndim > 4)
-            return fail(ld->err, ld->errlen, "%s: tensor %s has dtype %u and %u dims\n  expected: dtype 0..2, 1..4 dims\n  %s", ld->path, e->name, e->dtype, e->ndim, HINT_REEXPORT);
-        if (e->dtype == ZAYA_Q8 ? (e->group < 1 || e->group > 4096 || e->shape[e->ndim - 1] % e->group) : e->group != 0)
+        const uint32_t max_dtype = ld->version >= 2 ? ZAYA_MXFP4 : ZAYA_Q8;
+        if (e->dtype > max_dtype || e->ndim < 1 || e->ndim > 4)
+            return fail(ld->err, ld->errlen, "%s: tensor %s has dtype %u and %u dims\n  expected: dtype 0..%u (format version %u), 1..4 dims\n  %s",
+                        ld->path, e->name, e->dtype, e->ndim, max_dtype, ld->version, HINT_REEXPORT);
+        const uint64_t cols = e->shape[e->ndim - 1];
+        if (e->dtype == ZAYA_FP8 && e->group != ZAYA_F32 && e->group != ZAYA_BF16 && e->group != ZAYA_F16)
+            return fail(ld->err, ld->errlen, "%s: tensor %s is FP8 with scale dtype %u (directory field 188)\n  expected: 0 (f32), 1 (bf16) or 5 (f16), the dtype each weight is rounded to\n  found:    %u\n  %s",
+                        ld->path, e->name, e->group, e->group, HINT_REEXPORT);
+        if (e->dtype == ZAYA_MXFP4 && (e->group != 32 || cols % 32))
+            return fail(ld->err, ld->errlen, "%s: tensor %s is MXFP4 with group %u (directory field 188) and rows of %llu values\n  expected: group 32 and rows a multiple of 32 (one E8M0 scale per 32 values)\n  found:    group %u, rows of %llu\n  %s",
+                        ld->path, e->name, e->group, (unsigned long long)cols, e->group, (unsigned long long)cols, HINT_REEXPORT);
+        if (e->dtype == ZAYA_Q8 ? (e->group < 1 || e->group > 4096 || cols % e->group) : e->dtype <= ZAYA_BF16 && e->group != 0)
             return fail(ld->err, ld->errlen, "%s: tensor %s has group size %u\n  expected: for int8 a divisor (1..4096) of its row length %llu, otherwise 0\n  %s",
-                        ld->path, e->name, e->group, (unsigned long long)e->shape[e->ndim - 1], HINT_REEXPORT);
-        uint64_t want = tensor_bytes((int)e->dtype, numel, (int)e->group);
+                        ld->path, e->name, e->group, (unsigned long long)cols, HINT_REEXPORT);
+        uint64_t want = tensor_bytes((int)e->dtype, numel, cols, (int)e->group);
         if (e->nbytes != want)
             return fail(ld->err, ld->errlen, "%s: tensor %s has a byte size that does not match its shape\n  expected: %llu bytes\n  found:    %llu bytes\n  %s",
                         ld->path, e->name, (unsigned long long)want, (unsigned long long)e->nbytes, HINT_REEXPORT);
@@ -387,6 +406,36 @@ static uint64_t available_ram(void) {
     if (kb) return (uint64_t)kb * 1024;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+/* --verify on an FP8 / MXFP4 tensor: values the exporter never writes (a NaN E4M3 byte 0x7f / 0xff, a
+ * non-finite row scale, the E8M0 byte 255 = NaN) would turn whole rows into NaN. */
+static int verify_quantized(Loader *ld, const DirEntry *e) {
+    uint64_t numel = e->shape[0] * e->shape[1] * e->shape[2] * e->shape[3], cols = e->shape[e->ndim - 1];
+    const uint64_t rows = e->ndim == 3 ? e->shape[1] : numel / cols;   /* rows of one expert [E, rows, cols] */
+    const unsigned char *v = ld->base + e->offset;
+    if (e->dtype == ZAYA_FP8) {
+        for (uint64_t i = 0; i < numel; i++)
+            if ((v[i] & 0x7f) == 0x7f)
+                return fail(ld->err, ld->errlen, "%s: tensor %s holds the NaN FP8 E4M3 byte 0x%02x at expert %llu, row %llu, column %llu\n  expected: no NaN weight (bytes 0x7f and 0xff are NaN)\n  found:    0x%02x\n  hint: the file is corrupt; re-export it with export_weights.py",
+                            ld->path, e->name, v[i], (unsigned long long)(i / cols / rows), (unsigned long long)(i / cols % rows),
+                            (unsigned long long)(i % cols), v[i]);
+        const unsigned char *s = v + (numel + 63) / 64 * 64;
+        for (uint64_t r = 0; r < numel / cols; r++) {
+            const float f = rd_f32(s + 4 * r);
+            if (!isfinite(f))
+                return fail(ld->err, ld->errlen, "%s: tensor %s has FP8 row scale %g at expert %llu, row %llu\n  expected: a finite scale\n  found:    %g\n  hint: the file is corrupt; re-export it with export_weights.py",
+                            ld->path, e->name, (double)f, (unsigned long long)(r / rows), (unsigned long long)(r % rows), (double)f);
+        }
+    } else if (e->dtype == ZAYA_MXFP4) {
+        const unsigned char *s = v + (numel / 2 + 63) / 64 * 64;
+        for (uint64_t g = 0; g < numel / 32; g++)
+            if (s[g] == 255)
+                return fail(ld->err, ld->errlen, "%s: tensor %s has the MXFP4 scale byte 255 (E8M0 NaN) at expert %llu, row %llu, columns %llu..%llu\n  expected: exponent bytes 0..254\n  found:    255\n  hint: the file is corrupt; re-export it with export_weights.py",
+                            ld->path, e->name, (unsigned long long)(g * 32 / cols / rows), (unsigned long long)(g * 32 / cols % rows),
+                            (unsigned long long)(g * 32 % cols), (unsigned long long)(g * 32 % cols + 31));
+    }
+    return 0;
 }
 
 /* --hugepages: the int8 matrices' rows in the layout the fast kernel reads fastest, in the private
@@ -450,9 +499,9 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
         return -1;
     }
     uint32_t version = rd_u32(h + 8);
-    if (version != ZAYA_FORMAT_VERSION) {
+    if (version < 1 || version > ZAYA_FORMAT_VERSION) {   /* version 1 is version 2 without FP8 / MXFP4 tensors */
         zaya_free(m);
-        return fail(err, errlen, "%s has blob format version %u\n  expected: %d (this zaya.c)\n  %s", path, version, ZAYA_FORMAT_VERSION, HINT_REEXPORT);
+        return fail(err, errlen, "%s has blob format version %u\n  expected: 1 or %d (this zaya.c)\n  found:    %u\n  %s", path, version, ZAYA_FORMAT_VERSION, version, HINT_REEXPORT);
     }
     uint64_t file_size = rd_u64(h + 16), dir_off = rd_u64(h + 24), data_off = rd_u64(h + 48),
              tok_off = rd_u64(h + 56), tok_size = rd_u64(h + 64);
@@ -487,7 +536,7 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
     m->source_layout = (int)layout;
     memcpy(m->provenance, h + 512, sizeof m->provenance - 1);
 
-    Loader ld = {path, h, calloc(n_tensors, sizeof(DirEntry)), (int)n_tensors, err, errlen};
+    Loader ld = {path, h, calloc(n_tensors, sizeof(DirEntry)), (int)n_tensors, err, errlen, version};
     if (!ld.dir) { zaya_free(m); return fail(err, errlen, "out of memory"); }
     rc = read_directory(&ld, h, data_off, tok_off);
     if (rc == 0) rc = bind_tensors(m, &ld);
@@ -495,6 +544,7 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
         for (int i = 0; i < ld.n && rc == 0; i++)
             if (crc32_update(0, h + ld.dir[i].offset, ld.dir[i].nbytes) != ld.dir[i].crc)
                 rc = fail(err, errlen, "%s: tensor %s fails its CRC-32 check\n  hint: the file is corrupt; re-export it with export_weights.py", path, ld.dir[i].name);
+        for (int i = 0; i < ld.n && rc == 0; i++) rc = verify_quantized(&ld, &ld.dir[i]);
     }
     free(ld.dir);
     if (rc == 0 && tok_size > 0) {

@@ -2,7 +2,8 @@
  *
  *   zaya_load() -> zaya_state_init() -> zaya_forward() on the prompt, then on each new token.
  * Activations are float32. bf16 weights are widened exactly; int8 weights (Q8 groups) meet the
- * activations quantized to int16 per group in exact integer dot products (kernels.c).
+ * activations quantized to int16 per group in exact integer dot products (kernels.c); FP8 / MXFP4
+ * expert weights (blob format version 2) are dequantized at use to the official code's values.
  * The model is described in docs/architecture.md (cited below as "arch §n"); the upstream code
  * is Hugging Face transformers' src/transformers/models/zaya/modeling_zaya.py ("HF").
  *
@@ -16,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define ZAYA_FORMAT_VERSION 1
+#define ZAYA_FORMAT_VERSION 2   /* the loader reads versions 1 and 2 (2 adds the dtypes FP8 and MXFP4) */
 #define ZAYA_MAX_LAYERS 256
 #define ZAYA_MAX_EOS 4
 
@@ -25,8 +26,13 @@
 enum { ZAYA_HYBRID = 0, ZAYA_HYBRID_SLIDING = 1 };
 
 /* Tensor dtypes in the blob. Q8 = symmetric int8 in groups of `group_size` consecutive weights
- * along a row, one float32 scale per group (w = q * scale), values first then scales. */
-enum { ZAYA_F32 = 0, ZAYA_BF16 = 1, ZAYA_Q8 = 2 };
+ * along a row, one float32 scale per group (w = q * scale), values first then scales.
+ * FP8 and MXFP4 (format version 2, expert tensors only; docs/quantized-experts.md):
+ *   FP8   = E4M3FN bytes, one float32 scale per row: w = round_to(scale_dtype, e4m3(q) * scale);
+ *   MXFP4 = two E2M1 values per byte (even column in the low nibble), one E8M0 byte e per 32
+ *           values of a row: w = e2m1(q) * 2^(e - 127).
+ * ZAYA_F16 is not a tensor dtype: only an FP8 scale dtype (ZayaMatrix.scale_dtype). */
+enum { ZAYA_F32 = 0, ZAYA_BF16 = 1, ZAYA_Q8 = 2, ZAYA_FP8 = 3, ZAYA_MXFP4 = 4, ZAYA_F16 = 5 };
 
 /* Skip expert (router class num_experts): upstream transformers/vLLM give it a zero output;
  * Zyphra's original fork passes the MoE input through, times its probability (arch §6a). */
@@ -65,15 +71,17 @@ typedef struct {
 
 /* A weight matrix [rows, cols] (PyTorch [out, in]) in any blob dtype. */
 typedef struct {
-    int dtype;             /* ZAYA_F32, ZAYA_BF16 or ZAYA_Q8 */
+    int dtype;             /* ZAYA_F32, ZAYA_BF16, ZAYA_Q8, ZAYA_FP8 or ZAYA_MXFP4 */
     int rows, cols;
-    int group_size;        /* Q8 only */
-    const void *data;      /* rows*cols values, row-major */
-    const float *scales;   /* Q8 only: rows*cols/group_size scales */
+    int group_size;        /* Q8: its group size; MXFP4: 32 (values per E8M0 byte); else 0 */
+    const void *data;      /* rows*cols values, row-major (MXFP4: rows*cols/2 bytes) */
+    const float *scales;   /* Q8: rows*cols/group_size scales; FP8: rows scales, one per row */
     int interleaved_rows;  /* Q8 only: rows [0, interleaved_rows) are stored in groups of
                             * ZAYA_Q8_INTERLEAVE rows whose 64-byte chunks alternate (needs cols % 64
                             * == 0; zaya_load with ZAYA_LOAD_HUGEPAGES does this in its copy when built
                             * with the AVX-512 VNNI kernels, docs/blob-format.md); 0 = rows as in the blob */
+    const uint8_t *exponents;   /* MXFP4 only: rows*cols/32 E8M0 bytes, row-major */
+    int scale_dtype;       /* FP8 only: what each e4m3(q) * scale is rounded to: ZAYA_F32, ZAYA_BF16 or ZAYA_F16 */
 } ZayaMatrix;
 
 /* (x + bias) * scale on the branch plus (r + bias) * scale on the residual (HF ZayaResidualScaling). */

@@ -5,7 +5,9 @@ A decode step of ZAYA1 reads, per layer, every attention / router / norm / resid
 ONE expert (gate_up + down of the routed expert; 1/E of the stacked expert tensors), then the whole
 LM head (= the tied embedding matrix, all V rows) and the final norm, plus one embedding row for the
 input token. Sizes are counted from numel and dtype, without the blob's 64-byte alignment padding:
-fp32 4 bytes, bf16 2, int8 1 + 4/group (one fp32 scale per group; the group size is per tensor).
+fp32 4 bytes, bf16 2, int8 1 + 4/group (one fp32 scale per group; the group size is per tensor);
+format version 2's expert dtypes: FP8 1 + 4/row length (one fp32 scale per row), MXFP4 0.5 + 1/32
+(one E8M0 byte per 32 values).
 A layer that routes to the skip expert reads no expert, so this is the upper bound of the step.
 The KV cache (fp32 keys and values: 2 * nkv * head_dim * 4 bytes per past position per layer) is
 reported separately and not included.
@@ -26,12 +28,16 @@ import os
 import struct
 import sys
 
-DTYPES = {0: "fp32", 1: "bf16", 2: "int8"}
+DTYPES = {0: "fp32", 1: "bf16", 2: "int8", 3: "fp8", 4: "mxfp4"}
 BIG = ("q_proj.weight", "k_proj.weight", "v_proj_current.weight", "v_proj_delayed.weight",
        "o_proj.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj", "model.embed_tokens.weight")
 
 
-def element_bytes(dtype, group):
+def element_bytes(dtype, group, cols=None):
+    if dtype == "fp8":
+        return 1.0 + 4.0 / cols
+    if dtype == "mxfp4":
+        return 0.5 + 1.0 / 32
     if dtype == "fp32":
         return 4.0
     if dtype == "bf16":
@@ -56,14 +62,14 @@ def category(name):
 
 
 def read_blob(path):
-    """[(name, dtype, shape, group)], config dict, blob size; per docs/blob-format.md (version 1)."""
+    """[(name, dtype, shape, group)], config dict, blob size; per docs/blob-format.md (versions 1 and 2)."""
     with open(path, "rb") as f:
         head = f.read(1024)
         if len(head) < 1024 or head[:8] != b"ZAYABLOB":
             raise SystemExit("error: %s is not a zaya blob (bad magic)" % path)
         version, = struct.unpack_from("<I", head, 8)
-        if version != 1:
-            raise SystemExit("error: %s: blob format version %d, this tool reads 1" % (path, version))
+        if version not in (1, 2):
+            raise SystemExit("error: %s: blob format version %d, this tool reads 1 and 2" % (path, version))
         dir_off, n_tensors, wfmt, hdr_group = struct.unpack_from("<QIII", head, 24)
         cfg_vals = struct.unpack_from("<14I", head, 128)
         keys = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "num_experts",
@@ -125,7 +131,7 @@ def count(tensors, cfg):
     whole = 0.0
     for name, dt, shape, group in tensors:
         numel = math.prod(shape)
-        eb = element_bytes(dt, group)
+        eb = element_bytes(dt, group, shape[-1])
         whole += numel * eb
         cat = category(name)
         if cat == "experts":

@@ -73,12 +73,19 @@ static void add(Ranges *rs, const void *p, size_t n) {
 
 static void add_vector(Ranges *rs, const float *v, int n) { add(rs, v, sizeof(float) * (size_t)n); }
 
-/* rows [row0, row0 + nrows) of a matrix: its values and, for int8, their group scales */
+/* rows [row0, row0 + nrows) of a matrix: its values and, for int8, their group scales (FP8: one
+ * scale per row; MXFP4: half a byte per value and one E8M0 byte per 32 values) */
 static void add_rows(Ranges *rs, const ZayaMatrix *w, int row0, int nrows) {
     const size_t first = (size_t)row0 * (size_t)w->cols, count = (size_t)nrows * (size_t)w->cols;
+    if (w->dtype == ZAYA_MXFP4) {
+        add(rs, (const unsigned char *)w->data + first / 2, count / 2);
+        add(rs, w->exponents + first / 32, count / 32);
+        return;
+    }
     const size_t esize = w->dtype == ZAYA_F32 ? 4 : w->dtype == ZAYA_BF16 ? 2 : 1;
     add(rs, (const unsigned char *)w->data + first * esize, count * esize);
     if (w->dtype == ZAYA_Q8) add(rs, w->scales + first / (size_t)w->group_size, sizeof(float) * (count / (size_t)w->group_size));
+    if (w->dtype == ZAYA_FP8) add(rs, w->scales + row0, sizeof(float) * (size_t)nrows);
 }
 static void add_matrix(Ranges *rs, const ZayaMatrix *w) { add_rows(rs, w, 0, w->rows); }
 

@@ -289,7 +289,7 @@ def make(src, out, fmt, names="stacked", scale_dtype="bf16", dequantized_out=Non
     is_expert = lambda n: n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")) or legacy(n)  # noqa: E731
     E = cfg["num_experts"]
     specs, dq_specs, jobs = [], [], []
-    for name in sorted(ck, key=lambda n: ck[n][3:] if ck[n][0] == ck[sorted(ck)[0]][0] else (ck[n][0], ck[n][3])):
+    for name in sorted(ck, key=lambda n: (ck[n][0], ck[n][3])):   # file by file, in storage order
         _, dtype, shape, _, _ = ck[name]
         twin = {"bf16": "BF16", "f16": "F16", "f32": "F32"}[scale_dtype] if fmt == "fp8" and is_expert(name) else dtype
         dq_specs.append((name, twin, shape))

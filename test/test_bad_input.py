@@ -203,7 +203,7 @@ with open(base, "rb") as src:
 blob_fails("blob longer than its header says", [], ["longer than its header", "expected", "found"], extend=(SIZE, b"\0" * 100))
 
 # --- header fields ---
-blob_fails("format version 2", [(8, u32(2))], ["format version 2", "expected: 1", "re-export"])
+blob_fails("format version 3", [(8, u32(3))], ["format version 3", "expected: 1 or 2", "re-export"])
 blob_fails("format version 0", [(8, u32(0))], ["format version 0", "expected", "re-export"])
 blob_fails("header CRC mismatch", [(600, b"X")], ["checksum", "expected", "found", "re-export"], fix_crc=False)
 blob_fails("file size field wrong", [(16, u64(SIZE + 4096))], ["truncated", "expected", "found"])

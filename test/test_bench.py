@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
 """test_bench.py - bench/decode_vs_read.c on small blobs (its speed numbers are not checked here).
+(Blobs: the compact fixture in fp32 / bf16 / int8, odd dimensions in int8, native MXFP4 and FP8
+experts with int8 elsewhere.)
 
 decode_vs_read reads, after each decode step, the weight bytes a decode step reads; its
 bytes_per_token must equal bench/bytes_per_token.py's total for the same blob (the two count those
@@ -103,6 +105,22 @@ def main():
             paired("odd int8", blob, 1, steps=5)
             paired("odd int8", blob, 2, steps=5)
             profiled("odd int8", blob, 1)
+
+    # format version 2: native MXFP4 / FP8 experts (rows of 64, a multiple of MXFP4's 32), int8 elsewhere
+    small = os.path.join(BUILD, "bench_small64")
+    rc, _, err = run(["python3", "bench/make_checkpoint.py", small, "--hidden", "64", "--layers", "2", "--heads", "4",
+                      "--kv-heads", "2", "--head-dim", "16", "--experts", "3", "--moe-intermediate", "64",
+                      "--router-hidden", "16", "--vocab", "1000", "--seed", "3", "--tokenizer-dir", tok, "--force", "--quiet"])
+    if check(rc == 0, "make_checkpoint: hidden 64 for the quantized experts", err[-500:]):
+        for fmt in ("mxfp4", "fp8"):
+            q, blob = f"{small}_{fmt}", f"{small}_{fmt}_int8.bin"
+            rc, _, err = run(["python3", "test/make_quantized_checkpoint.py", small, q, "--format", fmt, "--random-experts",
+                              "--quiet"])
+            if rc == 0:
+                rc, _, err = run(["python3", "export_weights.py", q, blob, "--dtype", "int8", "--keep-quantized-experts",
+                                  "--chat-format", "none"])
+            if check(rc == 0, f"native {fmt} experts + int8: checkpoint and export", err[-500:]):
+                paired(f"native {fmt} + int8", blob, 1)
 
     with tempfile.TemporaryDirectory() as out_dir:   # bench.sh keeps its blobs out of the repository
         rc, out, err = run(["bash", "bench/bench.sh", ckpt, "--contention", "--rounds", "1", "-n", "1", "--threads", "1 2",

@@ -11,7 +11,12 @@
  * call, and interleaved int8 rows (what zaya_load does with ZAYA_LOAD_HUGEPAGES) must give the same
  * bits as rows stored alone. attention against attention_ref (relative L2 <= 1e-5) on KV caches
  * that are rings (sliding layers) and full, several head layouts, again the same bits for any
- * thread count. Prints PASS/FAIL lines.
+ * thread count. FP8 (bf16, f16 and f32 row scales) and MXFP4 weights (the experts of format version
+ * 2): the reference decodes known bytes to their values; the fast kernel equals the reference
+ * (rel L2 <= 1e-5), gives the same bits for 1-3 threads and 1 or 9 tokens a call, and the same bits
+ * as the fast kernel on the float32 matrix of the dequantized values (and on its bf16 form where
+ * every value is a bf16 number); a slice of rows (one expert) gives the rows of the whole.
+ * Prints PASS/FAIL lines.
  */
 #include "kernels.h"
 
@@ -70,7 +75,7 @@ static void matmul_case(int dtype, int rows, int cols, int group) {
         }
         data = q;
     }
-    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_Q8 ? group : 0, data, scales, 0};
+    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_Q8 ? group : 0, data, scales, 0, NULL, 0};
     const char *names[] = {"fp32", "bf16", "int8"};
     char label[128], what[160];
     snprintf(label, sizeof label, "matmul %s [%d x %d]%s%.0d", names[dtype], rows, cols, dtype == ZAYA_Q8 ? " group " : "",
@@ -137,6 +142,135 @@ static void attention_case(int nq, int nkv, int d, int cache_len, int first, int
     free(kv.keys); free(kv.values); free(q); free(out); free(ref); free(out2); free(p); free(pr);
 }
 
+/* ---- FP8 and MXFP4 weights ---------------------------------------------------------------- */
+
+static uint8_t rbyte(void) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; return (uint8_t)(rng >> 56); }
+
+static float bf16_of(float f) {   /* f rounded to bf16 (ties to even), as a float */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* known bytes decode to their values (matrix_row uses the plain reference) */
+static void quant_values_case(void) {
+    static const struct { uint8_t q; float scale; int sd; float want; } fp8[] = {
+        {0x7e, 1.0f, ZAYA_F32, 448.0f}, {0xfe, 1.0f, ZAYA_F32, -448.0f}, {0x01, 1.0f, ZAYA_F32, 0x1p-9f},
+        {0x08, 1.0f, ZAYA_F32, 0x1p-6f}, {0x38, 1.0f, ZAYA_F32, 1.0f}, {0x3c, 0.5f, ZAYA_F32, 0.75f},
+        {0x80, 3.0f, ZAYA_BF16, -0.0f}, {0x3f, 0x1.fcp0f, ZAYA_BF16, 0x1.dcp1f},   /* 1.875 x 1.984375 = 3.7207 -> bf16 3.71875 */
+        {0x3f, 0x1.ffcp0f, ZAYA_F16, 0x1.dfcp1f},                                    /* 3.74634 -> f16 3.74609 */
+        {0x01, 0x1p-16f, ZAYA_F16, 0.0f}, {0x03, 0x1p-16f, ZAYA_F16, 0x1p-23f},       /* f16 subnormals: ties to even */
+        {0x0b, 0x1p-19f, ZAYA_F16, 0x1p-24f}, {0x01, 0x1p-5f, ZAYA_F16, 0x1p-14f}};
+    int ok = 1;
+    char what[200] = "FP8 E4M3FN bytes x scales rounded to the scale dtype";
+    for (size_t k = 0; k < sizeof fp8 / sizeof fp8[0]; k++) {
+        float scale = fp8[k].scale, got;
+        ZayaMatrix m = {ZAYA_FP8, 1, 1, 0, &fp8[k].q, &scale, 0, NULL, fp8[k].sd};
+        matrix_row(&m, 0, &got);
+        if (memcmp(&got, &fp8[k].want, 4) != 0 && ok) {
+            snprintf(what, sizeof what, "byte 0x%02x x %a (scale dtype %d): expected %a, found %a", fp8[k].q, (double)scale,
+                     fp8[k].sd, (double)fp8[k].want, (double)got);
+            ok = 0;
+        }
+    }
+    check(ok, what, "FP8 values");
+    /* MXFP4: row of 64: bytes 0x10 0x32 ... (nibbles 0..15 in order), exponents 127 and 0 */
+    uint8_t packed[32], ex[2] = {127, 0};
+    for (int i = 0; i < 32; i++) packed[i] = (uint8_t)(((2 * i + 1) % 16) << 4 | (2 * i) % 16);
+    const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    ZayaMatrix m = {ZAYA_MXFP4, 1, 64, 32, packed, NULL, 0, ex, 0};
+    float got[64];
+    matrix_row(&m, 0, got);
+    ok = 1;
+    snprintf(what, sizeof what, "E2M1 nibbles (low first) x 2^(e - 127), e = 127 and 0");
+    for (int i = 0; i < 64 && ok; i++) {
+        const float want = e2m1[i % 16] * (i < 32 ? 1.0f : 0x1p-127f);
+        if (memcmp(&got[i], &want, 4) != 0) {
+            snprintf(what, sizeof what, "value %d: expected %a, found %a", i, (double)want, (double)got[i]);
+            ok = 0;
+        }
+    }
+    check(ok, what, "MXFP4 values");
+}
+
+/* dtype ZAYA_FP8 (scale dtype sd, scales times `big`) or ZAYA_MXFP4, random bytes; `experts` stacked
+ * slices of rows/experts rows */
+static void quant_matmul_case(int dtype, int sd, float big, int rows, int cols, int experts) {
+    const size_t n = (size_t)rows * cols;
+    uint8_t *q = malloc(dtype == ZAYA_FP8 ? n : n / 2), *ex = NULL;
+    float *scales = NULL;
+    if (dtype == ZAYA_FP8) {
+        for (size_t i = 0; i < n; i++) { q[i] = rbyte(); if ((q[i] & 0x7f) == 0x7f) q[i] ^= 1; }   /* no NaN */
+        scales = malloc(sizeof(float) * rows);
+        for (int r = 0; r < rows; r++) {   /* f16: products down to 2^-19, inside f16's subnormals */
+            const float s = (0.75f + 0.25f * frand()) * (sd == ZAYA_F16 ? 0x1p-10f : 0x1p-8f);
+            scales[r] = sd == ZAYA_BF16 ? bf16_of(s) : sd == ZAYA_F16 ? ldexpf(rintf(ldexpf(s, 20)), -20) : s * big;
+        }
+    } else {
+        for (size_t i = 0; i < n / 2; i++) q[i] = rbyte();
+        ex = malloc(n / 32);
+        for (size_t g = 0; g < n / 32; g++) ex[g] = (uint8_t)(118 + rbyte() % 6);   /* 2^-9 .. 2^-4 */
+        if (n / 32 > 3) ex[0] = 0, ex[1] = 1, ex[2] = 254 - 128;                   /* subnormal scales too */
+    }
+    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_MXFP4 ? 32 : 0, q, scales, 0, ex, dtype == ZAYA_FP8 ? sd : 0};
+    float *x = malloc(sizeof(float) * TOKENS * cols), *deq = malloc(sizeof(float) * n);
+    float *y = malloc(sizeof(float) * TOKENS * rows), *y2 = malloc(sizeof(float) * TOKENS * rows), *yr = malloc(sizeof(float) * rows);
+    for (int i = 0; i < TOKENS * cols; i++) x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+    for (int r = 0; r < rows; r++) matrix_row(&m, r, deq + (size_t)r * cols);
+    char label[128], what[200];
+    const char *sdn = sd == ZAYA_BF16 ? "bf16" : sd == ZAYA_F16 ? "f16" : "f32";
+    if (dtype == ZAYA_FP8) snprintf(label, sizeof label, "matmul fp8 (%s scales%s) [%d x %d]", sdn, big > 1 ? " > 2^7" : "", rows, cols);
+    else snprintf(label, sizeof label, "matmul mxfp4 [%d x %d]", rows, cols);
+
+    matmul_ref(yr, rows, &m, x, cols, 1);
+    matmul(pools[1], y, rows, &m, x, cols, 1);
+    const double rel = rel_l2(y, yr, (size_t)rows);
+    snprintf(what, sizeof what, "fast vs reference rel L2 %.2e (<= 1e-05)", rel);
+    check(rel <= 1e-5, what, label);
+
+    for (int t = 0; t < TOKENS; t++) matmul(pools[1], y + (size_t)t * rows, rows, &m, x + (size_t)t * cols, cols, 1);
+    int same = 1;
+    for (int threads = 1; threads <= 3; threads++) {
+        matmul(pools[threads], y2, rows, &m, x, cols, TOKENS);
+        same = same && !memcmp(y, y2, sizeof(float) * TOKENS * rows);
+    }
+    check(same, "the same bits for 1-3 threads and 1 or 9 tokens a call", label);
+
+    /* the dequantized matrix as float32 (and as bf16 where every value is one): the same bits */
+    ZayaMatrix mf = {ZAYA_F32, rows, cols, 0, deq, NULL, 0, NULL, 0};
+    matmul(pools[2], y2, rows, &mf, x, cols, TOKENS);
+    same = !memcmp(y, y2, sizeof(float) * TOKENS * rows);
+    int all_bf16 = 1;
+    uint16_t *b = malloc(sizeof(uint16_t) * n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &deq[i], 4);
+        all_bf16 = all_bf16 && (u & 0xffff) == 0;
+        b[i] = (uint16_t)(u >> 16);
+    }
+    if (all_bf16) {
+        ZayaMatrix mb = {ZAYA_BF16, rows, cols, 0, b, NULL, 0, NULL, 0};
+        matmul(pools[3], y2, rows, &mb, x, cols, TOKENS);
+        same = same && !memcmp(y, y2, sizeof(float) * TOKENS * rows);
+    }
+    snprintf(what, sizeof what, "the same bits as the dequantized matrix in float32%s", all_bf16 ? " and in bf16" : "");
+    check(same, what, label);
+
+    /* one expert of the stacked rows: matrix_rows gives its rows of the whole product */
+    same = 1;
+    const int per = rows / experts;
+    for (int e = 0; e < experts; e++) {
+        const ZayaMatrix s = matrix_rows(&m, e * per, per);
+        matmul(pools[2], y2, per, &s, x, cols, TOKENS);
+        for (int t = 0; t < TOKENS; t++) same = same && !memcmp(y + (size_t)t * rows + e * per, y2 + (size_t)t * per, sizeof(float) * per);
+    }
+    snprintf(what, sizeof what, "each of %d experts (matrix_rows) gives its rows of the whole", experts);
+    check(same, what, label);
+    free(q); free(ex); free(scales); free(x); free(deq); free(y); free(y2); free(yr); free(b);
+}
+
 int main(void) {
     for (int t = 1; t <= 3; t++)
         if (!(pools[t] = kernels_new(t, 4096, TOKENS))) { printf("FAIL kernels_new(%d threads): cannot start\n", t); return 1; }
@@ -149,6 +283,18 @@ int main(void) {
             if (shapes[s][1] % g == 0) { matmul_case(ZAYA_Q8, shapes[s][0], shapes[s][1], g); break; }
         if (shapes[s][1] % 16 == 0) matmul_case(ZAYA_Q8, shapes[s][0], shapes[s][1], 16);
     }
+    quant_values_case();
+    /* row lengths: ZAYA1-8B's 2048, blocks of 32 with an odd 16-block (FP8 only: any length) */
+    const int sds[3] = {ZAYA_BF16, ZAYA_F16, ZAYA_F32};
+    for (int k = 0; k < 3; k++) {
+        quant_matmul_case(ZAYA_FP8, sds[k], 1, 256, 2048, 4);
+        quant_matmul_case(ZAYA_FP8, sds[k], 1, 48, 80, 3);
+        quant_matmul_case(ZAYA_FP8, sds[k], 1, 10, 37, 2);
+    }
+    quant_matmul_case(ZAYA_FP8, ZAYA_F32, 0x1p16f, 48, 80, 3);   /* scale * 2^120 overflows: two multiplies */
+    quant_matmul_case(ZAYA_MXFP4, 0, 1, 256, 2048, 4);
+    quant_matmul_case(ZAYA_MXFP4, 0, 1, 48, 96, 3);
+    quant_matmul_case(ZAYA_MXFP4, 0, 1, 6, 32, 2);
     attention_case(8, 2, 128, 300, 0, 200);    /* ZAYA1-8B's heads, a full cache */
     attention_case(8, 2, 128, 64, 137, 200);   /* a sliding window of 64: a ring that wraps */
     attention_case(6, 3, 16, 5, 8, 12);        /* odd KV heads, window 5 */

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""test_quantized.py - FP8-Experts / MXFP4-Experts checkpoints (issue 29, phase 1: the exporter).
+"""test_quantized.py - FP8-Experts / MXFP4-Experts checkpoints: the exporter and the native blobs.
 
     make zaya && python3 test/test_quantized.py
 
@@ -14,7 +14,15 @@ materialises). Checked:
   per-expert and gate_proj/up_proj names; the legacy layout), and equal the native-layout export;
 - ./zaya on both blobs: the same logits bit for bit and the same greedy tokens; the experts matter
   (the logits differ from the unquantized model's);
-- the proposed native blob dtypes (docs/blob-format.md, version 2) unpack to the same bf16 values;
+- the native blob dtypes (docs/blob-format.md, format version 2) unpack to the same bf16 values;
+- native blobs (--keep-quantized-experts: FP8 with bf16, f32 and f16 scales, MXFP4; stacked, split and
+  legacy names): version 2, the experts in dtype 3 / 4 with the field at 188, the other matrices in
+  --dtype; they load (also with --verify), dump and generate, and ./zaya's logits and greedy tokens
+  equal those on the dequantized export bit for bit at 1 and 2 threads, and zaya_debug's (portable C
+  kernels) equal ./zaya's; int8 + MXFP4 experts runs;
+- the loader refuses corrupted native entries (field 188, byte size, MXFP4 rows not a multiple of 32,
+  FP8 on a non-expert tensor, the new dtypes in a version-1 blob, and with --verify a NaN FP8 byte /
+  E8M0 byte 255), naming the tensor, expected and found;
 - the generator's --random-experts (benchmark) mode gives checkpoints that export and generate;
 - refusals: each malformed checkpoint is refused with one message naming the tensor or config key,
   expected and found, exit status 1 and no traceback.
@@ -184,6 +192,7 @@ def main():
         check(a == b, "mxfp4: the native payload of layer 1's gate_up_proj is the same from the stacked and the "
               "legacy (per-expert) checkpoint")
     proposed_blob_dtypes()
+    native_blobs(cases, blobs)
     refusals(base["native"])
     finish()
 
@@ -214,7 +223,7 @@ def dequantized_where(ck):
 
 
 def native_payloads(case):
-    """docs/blob-format.md, proposed version 2: the payload native_expert_chunks streams from a real
+    """docs/blob-format.md, format version 2: the payload native_expert_chunks streams from a real
     quantized checkpoint decodes (with this test's own reading of the layout) to the dequantized twin."""
     q, dq = os.path.join(OUT, f"q_{case}"), os.path.join(OUT, f"dq_{case}")
     if not (os.path.isdir(q) and os.path.isdir(dq)):
@@ -245,7 +254,7 @@ def native_payloads(case):
         n += 1
         if not size_ok or got != want:
             bad.append(name)
-    check(n > 0 and not bad, f"{case}: the proposed native payloads of its {n} expert tensors (streamed from the "
+    check(n > 0 and not bad, f"{case}: the native payloads of its {n} expert tensors (streamed from the "
           "checkpoint) decode to the dequantized twin", f"differ: {bad[:3]}")
 
 
@@ -265,8 +274,170 @@ def partial_reads(ck):
           "give the whole tensor's bytes", f"differ: {bad}")
 
 
+def directory(blob):
+    """[(entry offset, name, dtype, shape, data offset, nbytes, field 188)] of a blob and its version."""
+    with open(blob, "rb") as f:
+        b = f.read()
+    version, n = struct.unpack_from("<I", b, 8)[0], struct.unpack_from("<I", b, 32)[0]
+    out = []
+    for i in range(n):
+        at = 1024 + 192 * i
+        e = b[at:at + 192]
+        dtype, nd, *shape = struct.unpack_from("<II4Q", e, 128)
+        off, nbytes, _, field = struct.unpack_from("<QQII", e, 168)
+        out.append((at, e[:128].rstrip(b"\0").decode(), dtype, shape[:nd], off, nbytes, field))
+    return version, out
+
+
+def patched(src, dst, edits, fix_tensor_crc=None):
+    """A copy of blob src with (offset, bytes) edits, the named tensor's CRC-32 and the header CRC redone."""
+    import zlib
+    with open(src, "rb") as f:
+        b = bytearray(f.read())
+    for off, raw in edits:
+        b[off:off + len(raw)] = raw
+    n = struct.unpack_from("<I", b, 32)[0]
+    if fix_tensor_crc:
+        for i in range(n):
+            at = 1024 + 192 * i
+            if b[at:at + 128].rstrip(b"\0").decode() == fix_tensor_crc:
+                off, nbytes = struct.unpack_from("<QQ", b, at + 168)
+                struct.pack_into("<I", b, at + 184, zlib.crc32(bytes(b[off:off + nbytes])))
+    struct.pack_into("<I", b, 12, 0)
+    struct.pack_into("<I", b, 12, zlib.crc32(bytes(b[:1024 + 192 * n])))
+    with open(dst, "wb") as f:
+        f.write(b)
+    return dst
+
+
+def native_blobs(cases, blobs):
+    """--keep-quantized-experts: format version 2 blobs run by the engine, against the dequantized exports."""
+    flags_of = {name: flags for name, _, flags in cases}
+    natives = {}
+    for name in ("fp8_stacked_bf16", "fp8_split_f32", "fp8_legacy_f16", "mxfp4_stacked", "mxfp4_legacy"):
+        q = os.path.join(OUT, f"q_{name}")
+        wide = "--scale-dtype" in flags_of[name]
+        ref = blobs.get((name, "fp32" if wide else "bf16"))
+        if not (os.path.isdir(q) and ref):
+            check(False, f"{name}: native blob checks have the checkpoint and its dequantized export")
+            continue
+        nb = os.path.join(OUT, f"native_{name}.bin")
+        rc, out, err = export(q, nb, "--dtype", "bf16", "--keep-quantized-experts")
+        if not check(rc == 0 and "format version 2" in out, f"{name}: --keep-quantized-experts --dtype bf16 exports",
+                     (err or out).strip()[-400:]):
+            continue
+        natives[name] = nb
+        fp8 = name.startswith("fp8")
+        field = {"f32": 0, "f16": 5}.get(flags_of[name][-1], 1) if fp8 else 32
+        version, ents = directory(nb)
+        experts = [e for e in ents if ".mlp.experts." in e[1]]
+        others = [e for e in ents if e[1].endswith(("proj.weight", "embed_tokens.weight")) and ".mlp.gate." not in e[1]]
+        numel = [e[3][0] * e[3][1] * e[3][2] for e in experts]
+        sizes = [ew.align(k, 64) + 4 * k // e[3][2] if fp8 else ew.align(k // 2, 64) + k // 32 for k, e in zip(numel, experts)]
+        check(version == 2 and len(experts) == 4 and all(e[2] == (3 if fp8 else 4) and e[6] == field for e in experts)
+              and [e[5] for e in experts] == sizes and others and all(e[2] == 1 for e in others),
+              f"{name}: version 2, experts dtype {3 if fp8 else 4} with field 188 = {field} and their byte sizes, "
+              "the other matrices bf16",
+              f"version {version}, experts {[(e[1], e[2], e[5], e[6]) for e in experts][:2]}, sizes {sizes[:2]}")
+        ref_logits, _ = zaya_logits(ref, os.path.join(OUT, f"ref_{name}_dump"))
+        for threads in ("1", "2"):
+            d = os.path.join(OUT, f"native_{name}_dump")
+            shutil.rmtree(d, ignore_errors=True)
+            rc, _, err = run(["./zaya", nb, "--ids", IDS, "--threads", threads, "--verify", "--dump", d,
+                              "--dump-filter", "^logits$"])
+            got = read_npy(os.path.join(d, "logits.npy"))[1] if rc == 0 else None
+            check(got is not None and got == ref_logits, f"{name}: ./zaya --verify --dump --threads {threads}: logits on "
+                  f"the native blob equal those on the dequantized {'fp32' if wide else 'bf16'} export bit for bit",
+                  err.strip()[-300:])
+            rc, out, err = run(["./zaya", nb, "--ids", IDS, "-n", "8", "-t", "0", "--print-ids", "--threads", threads])
+            want = greedy(ref)
+            check(rc == 0 and out.strip() == want, f"{name}: --threads {threads}: the same 8 greedy tokens as the "
+                  f"dequantized export ({want})", f"{out.strip()} vs {want}; {err.strip()[-200:]}")
+    # the portable C kernels (zaya_debug: no -march, ASan + UBSan) give the same bits as the SIMD build
+    debug = check(os.path.exists(os.path.join(ROOT, "zaya_debug")), "zaya_debug exists", "run: make zaya_debug")
+    for name in ("fp8_legacy_f16", "mxfp4_stacked"):
+        if name not in natives or not debug:
+            continue
+        want, _ = zaya_logits(natives[name], os.path.join(OUT, f"native_{name}_dump"))
+        d = os.path.join(OUT, f"native_{name}_debug_dump")
+        shutil.rmtree(d, ignore_errors=True)
+        rc, _, err = run(["./zaya_debug", natives[name], "--ids", IDS, "--dump", d, "--dump-filter", "^logits$"])
+        got = read_npy(os.path.join(d, "logits.npy"))[1] if rc == 0 else None
+        check(got is not None and got == want, f"{name}: zaya_debug (portable C kernels, sanitizers) gives the native "
+              "blob's logits bit for bit", err.strip()[-300:])
+    # int8 everywhere else + native MXFP4 experts (the mix of the size argument): exports, loads, generates
+    q = os.path.join(OUT, "q_mxfp4_stacked")
+    if os.path.isdir(q) and "mxfp4_stacked" in natives:
+        nb = os.path.join(OUT, "native_mxfp4_int8.bin")
+        rc, out, err = export(q, nb, "--dtype", "int8", "--keep-quantized-experts")
+        if check(rc == 0, "mxfp4: --keep-quantized-experts --dtype int8 exports", err.strip()[-300:]):
+            _, ents = directory(nb)
+            a, b = ew_tensors(nb), ew_tensors(natives["mxfp4_stacked"])
+            ex = [e[1] for e in ents if ".mlp.experts." in e[1]]
+            check(all(e[2] == 2 for e in ents if e[1].endswith("o_proj.weight")) and all(a[n] == b[n] for n in ex),
+                  "mxfp4 + int8: the other matrices int8, the expert tensors the same bytes as with --dtype bf16")
+            g = greedy(nb)
+            check(len(g.split(",")) == 8, f"mxfp4 + int8: the native blob generates 8 tokens ({g})", g)
+            want, _ = zaya_logits(nb, os.path.join(OUT, "native_mxfp4_int8_dump"))
+            d = os.path.join(OUT, "native_mxfp4_int8_huge_dump")
+            shutil.rmtree(d, ignore_errors=True)
+            rc, _, err = run(["./zaya", nb, "--hugepages", "--ids", IDS, "--dump", d, "--dump-filter", "^logits$"])
+            got = read_npy(os.path.join(d, "logits.npy"))[1] if rc == 0 else None
+            check(want is not None and got == want, "mxfp4 + int8: --hugepages (int8 rows interleaved, the experts as "
+                  "stored) gives the same logits bit for bit", err.strip()[-300:])
+    # bench/bytes_per_token.py counts the new dtypes: 4.25 bits per MXFP4 expert weight
+    if "mxfp4_stacked" in natives:
+        rc, out, err = run(["python3", "bench/bytes_per_token.py", natives["mxfp4_stacked"]])
+        m = dict(kv.split("=") for kv in out.split()[1:]) if rc == 0 else {}
+        want = 2 * (2 * 64 * 64 + 64 * 64) * 17 // 32    # 2 layers, one expert: gate_up [128, 64] + down [64, 64]
+        check(m.get("experts") == str(want), f"bytes_per_token.py: MXFP4 experts count 17/32 byte per weight ({want})",
+              f"{out.strip()} {err.strip()}")
+    native_refusals(natives)
+
+
+def native_refusals(natives):
+    """The loader refuses corrupted version-2 entries with a message naming what, where, expected, found."""
+    if "fp8_stacked_bf16" not in natives or "mxfp4_stacked" not in natives:
+        check(False, "native refusal checks: the native blobs exist")
+        return
+    fp8, mx = natives["fp8_stacked_bf16"], natives["mxfp4_stacked"]
+    _, ef = directory(fp8)
+    _, em = directory(mx)
+    f_ex = next(e for e in ef if e[1] == "model.layers.0.mlp.experts.down_proj")
+    m_ex = next(e for e in em if e[1] == "model.layers.0.mlp.experts.gate_up_proj")
+    o = next(e for e in ef if e[1] == "model.layers.0.self_attn.o_proj.weight")
+    u32, u64 = (lambda v: struct.pack("<I", v)), (lambda v: struct.pack("<Q", v))
+    m_numel = m_ex[3][0] * m_ex[3][1] * m_ex[3][2]
+    cases = [
+        ("FP8 scale dtype 2 in field 188", fp8, [(f_ex[0] + 188, u32(2))], [], None,
+         [f_ex[1], "scale dtype 2", "expected: 0 (f32), 1 (bf16) or 5 (f16)", "found"]),
+        ("MXFP4 group 16 in field 188", mx, [(m_ex[0] + 188, u32(16))], [], None, [m_ex[1], "group 16", "expected", "found"]),
+        ("FP8 byte size 64 too big", fp8, [(f_ex[0] + 176, u64(f_ex[5] + 64))], [], None,
+         [f_ex[1], "byte size", f"expected: {f_ex[5]}", f"found:    {f_ex[5] + 64}"]),
+        ("MXFP4 rows of 48 values", mx, [(m_ex[0] + 136 + 16, u64(48)),
+                                          (m_ex[0] + 176, u64(ew.align(m_numel * 3 // 8, 64) + m_numel * 3 // 4 // 32))],
+         [], None, [m_ex[1], "rows of 48", "multiple of 32", "found"]),
+        ("FP8 on a non-expert tensor (o_proj)", fp8,
+         [(o[0] + 128, u32(3)), (o[0] + 176, u64(ew.align(64 * 64, 64) + 4 * 64)), (o[0] + 188, u32(1))], [], None,
+         [o[1], "dtype 3 (FP8)", "only for mlp.experts", "found"]),
+        ("FP8 experts in a version-1 blob", fp8, [(8, u32(1))], [], None, ["dtype 3", "expected: dtype 0..2 (format version 1)"]),
+        ("--verify: a NaN FP8 byte (0x7f)", fp8, [(f_ex[4] + 3, b"\x7f")], ["--verify"], f_ex[1],
+         [f_ex[1], "NaN FP8 E4M3 byte 0x7f", "expert 0, row 0, column 3", "expected"]),
+        ("--verify: an E8M0 byte 255", mx, [(m_ex[4] + ew.align(m_numel // 2, 64) + 5, b"\xff")], ["--verify"], m_ex[1],
+         [m_ex[1], "255", "expert 0, row 2, columns 32..63", "expected: exponent bytes 0..254"]),
+    ]
+    for i, (label, src, edits, flags, fix, words) in enumerate(cases):
+        bad = patched(src, os.path.join(OUT, f"native_bad_{i}.bin"), edits, fix)
+        rc, out, err = run(["./zaya", bad, "--ids", "2,3", "-n", "1", *flags])
+        ok = rc != 0 and all(w in err for w in words) and "hint" in err and "Sanitizer" not in err
+        check(ok, f"loader refuses: {label}", f"exit {rc}, stderr: {err.strip()[-400:]}")
+        if flags:   # the same file without --verify loads (the bytes are only checked by --verify)
+            rc, _, err = run(["./zaya", bad, "--ids", "2,3", "-n", "1"])
+            check(rc == 0, f"without --verify the blob of '{label}' loads (CRC-32 matches)", err.strip()[-200:])
+
+
 def proposed_blob_dtypes():
-    """docs/blob-format.md, proposed version 2: the packed bytes unpack to the exporter's dequantization."""
+    """docs/blob-format.md, format version 2: the packed bytes unpack to the exporter's dequantization."""
     import random
     rng = random.Random(5)
     rows, cols = 6, 64
@@ -279,7 +450,7 @@ def proposed_blob_dtypes():
     want = b"".join(b"".join(map(ew.fp8_row_table(s, "BF16", "test").__getitem__, codes[r * cols:(r + 1) * cols]))
                     for r, s in enumerate(scales))
     mine = mq.bf16_bytes([mq.bf16_round(mq.fp8_decode(blob[i]) * got_scales[i // cols]) for i in range(rows * cols)])
-    check(ok and mine == want, "proposed dtype fp8_e4m3_rows: values, padding to 64, fp32 row scales; unpacks to the "
+    check(ok and mine == want, "dtype fp8_e4m3_rows: values, padding to 64, fp32 row scales; unpacks to the "
           "exporter's dequantization")
     packed = bytes(rng.randrange(256) for _ in range(rows * cols // 2))
     exps = bytes(rng.randrange(100, 140) for _ in range(rows * cols // 32))
@@ -288,7 +459,7 @@ def proposed_blob_dtypes():
     mine = mq.bf16_bytes(mq.dequantize_mxfp4(blob[:len(packed)], blob[vend:vend + len(exps)]))
     want = b"".join(x for g, e in enumerate(exps) for x in map(ew.mxfp4_byte_table(e, "test").__getitem__,
                                                                  packed[16 * g:16 * (g + 1)]))
-    check(len(blob) == vend + len(exps) and mine == want, "proposed dtype mxfp4: packed bytes, padding to 64, E8M0 "
+    check(len(blob) == vend + len(exps) and mine == want, "dtype mxfp4: packed bytes, padding to 64, E8M0 "
           "bytes; unpacks to the exporter's dequantization")
 
 
@@ -373,7 +544,8 @@ def refusals(base):
         ("a quantized tensor outside the experts", fp8, outside, None, [], "a quantized tensor outside the experts"),
         ("an FP8 NaN weight byte", fp8, nan_code, None, [], "is NaN"),
         ("an E8M0 NaN scale byte (0xff)", mx, nan_scale, None, [], "0xFF is NaN"),
-        ("--keep-quantized-experts", fp8, None, None, ["--keep-quantized-experts"], "not yet supported by this engine"),
+        ("--keep-quantized-experts: an FP8 NaN weight byte", fp8, nan_code, None, ["--keep-quantized-experts"], "is NaN"),
+        ("--keep-quantized-experts: an E8M0 NaN scale byte", mx, nan_scale, None, ["--keep-quantized-experts"], "0xFF is NaN"),
     ]
     for i, (label, src, et, ec, flags, want) in enumerate(cases):
         d = rewrite(src, os.path.join(OUT, f"bad_{i}"), et, ec) if (et or ec) else src
