@@ -570,7 +570,7 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
 /* ---------------------------------------------------------------------------------------------
  * 4. The thread pool
  *
- * A job is `chunks` independent pieces of work. The calling thread publishes it, then takes pieces
+ * A job is a number of independent pieces of work. The calling thread publishes it, then takes pieces
  * itself, one at a time, like every worker that is running; it waits only for pieces that another
  * thread has already taken. A worker the OS has descheduled (another program wants the core) takes
  * nothing and holds nobody up. A piece taken just before its thread was descheduled does hold the
@@ -583,7 +583,7 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
 typedef void (*PieceFn)(void *ctx, int piece);
 
 #define MAX_PIECES 0xffff
-#define WORKER_SPINS 4000    /* polls of a worker before it sleeps (~100 us: longer than the gaps in a token) */
+#define WORKER_SPIN_NS 1000000   /* a worker polls this long for the next job before it sleeps */
 #define CALLER_SPINS 2000    /* polls of the caller between sched_yield() calls while it waits */
 /* A wait for another thread's piece this long, and twice as long as the caller's fastest piece
  * of the job, means that thread was descheduled: other programs want the cores. The caller then runs the next jobs alone, SOLO_JOBS
@@ -593,17 +593,17 @@ typedef void (*PieceFn)(void *ctx, int piece);
 #define SOLO_JOBS 1024
 #define SOLO_JOBS_MAX (SOLO_JOBS << 6)
 
-typedef struct {
+typedef struct {   /* the fields the threads write each on its own cache line */
+    _Alignas(64) _Atomic uint64_t claim;   /* job << 32 | next piece << 16 | pieces */
+    _Alignas(64) _Atomic uint32_t done;    /* pieces finished of the current job */
+    _Alignas(64) PieceFn fn;               /* the current job (written before claim publishes it) */
+    void *ctx;
     int threads;                   /* including the caller */
     pthread_t *workers;            /* threads - 1 */
-    _Atomic uint64_t claim;        /* job << 32 | next piece << 16 | pieces */
-    _Atomic uint32_t done;         /* pieces finished of the current job */
-    PieceFn fn;                    /* the current job (written before claim publishes it) */
-    void *ctx;
     uint32_t job;                  /* the caller's job counter */
     uint32_t solo_jobs, solo_left; /* after a stall: the caller runs solo_left more jobs alone */
     uint32_t calm;                 /* jobs with threads since the last stall */
-    _Atomic int sleepers, stop;
+    _Alignas(64) _Atomic int sleepers, stop;
     pthread_mutex_t mutex;
     pthread_cond_t wake;
 } Pool;
@@ -624,6 +624,7 @@ static uint64_t now_ns(void) {
  * shortest not NULL (the caller), *shortest = the fastest of its pieces in ns (UINT64_MAX if none). */
 static void run_pieces(Pool *p, uint32_t job, uint64_t *shortest) {
     uint64_t c = atomic_load(&p->claim);
+    uint32_t ran = 0;
     if (shortest) *shortest = UINT64_MAX;
     while ((uint32_t)(c >> 32) == job && ((c >> 16) & 0xffff) < (c & 0xffff)) {
         if (!atomic_compare_exchange_weak(&p->claim, &c, c + (1u << 16))) continue;   /* c reloaded */
@@ -633,9 +634,10 @@ static void run_pieces(Pool *p, uint32_t job, uint64_t *shortest) {
             const uint64_t took = now_ns() - t0;
             *shortest = took < *shortest ? took : *shortest;
         }
-        atomic_fetch_add(&p->done, 1);
+        ran++;
         c = atomic_load(&p->claim);
     }
+    if (ran) atomic_fetch_add(&p->done, ran);   /* once: the caller waits for all pieces, not for each */
 }
 
 static uint32_t current_job(Pool *p) { return (uint32_t)(atomic_load(&p->claim) >> 32); }
@@ -644,8 +646,9 @@ static void *worker_main(void *arg) {
     Pool *p = arg;
     uint32_t seen = 0;
     for (;;) {
+        const uint64_t t0 = now_ns();
         for (int spins = 0; current_job(p) == seen && !atomic_load(&p->stop);) {
-            if (++spins < WORKER_SPINS) { cpu_relax(); continue; }
+            if (++spins % 256 || now_ns() - t0 < WORKER_SPIN_NS) { cpu_relax(); continue; }
             pthread_mutex_lock(&p->mutex);   /* sleep until the caller publishes a job */
             atomic_fetch_add(&p->sleepers, 1);
             while (current_job(p) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->mutex);
@@ -758,12 +761,14 @@ int kernels_threads(const Kernels *k) { return k->pool.threads; }
  * ------------------------------------------------------------------------------------------- */
 
 /* Multiply-adds below which a product runs on the calling thread alone: a job would cost more. */
-#define PARALLEL_MIN_WORK 65536
+#define PARALLEL_MIN_WORK 100000
 /* Rows per tile: the tile's weights stay in L2 while all tokens of the call meet them, so a prompt
  * reads the weights from memory once. A piece of a job is a run of whole tiles. */
 #define ROW_TILE 64
-/* Pieces per thread and job: a few, so that a thread that runs late finds some left to take. */
+/* Pieces per thread and job: a few, so that a thread that runs late finds some left to take; but
+ * no piece under PIECE_MIN_WORK multiply-adds (each piece costs the threads a meeting on its claim). */
 #define PIECES_PER_THREAD 4
+#define PIECE_MIN_WORK (1 << 20)
 
 typedef struct {
     float *y;
@@ -802,7 +807,9 @@ void matmul(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *x, i
     }
     /* pieces start at a multiple of ROW_TILE (and so of ZAYA_Q8_INTERLEAVE) */
     const int tiles = (w->rows + ROW_TILE - 1) / ROW_TILE;
-    int pieces = threads == 1 ? 1 : threads * PIECES_PER_THREAD;
+    const size_t by_work = work / PIECE_MIN_WORK;
+    int pieces = threads == 1 ? 1 : by_work < (size_t)threads ? threads
+                               : by_work < (size_t)threads * PIECES_PER_THREAD ? (int)by_work : threads * PIECES_PER_THREAD;
     pieces = pieces < tiles ? pieces : tiles;
     int per = (tiles + pieces - 1) / pieces;
     if ((tiles + per - 1) / per > MAX_PIECES) per = (tiles + MAX_PIECES - 1) / MAX_PIECES;

@@ -577,12 +577,12 @@ void zaya_free(ZayaModel *m) {
 static int conv_state_len(const ZayaConfig *c) { return (c->cca_time0 - 1) + (c->cca_time1 - 1); }
 
 /* The state's float buffers and their lengths for config c (B tokens a batch). */
-#define STATE_BUFFERS 27
+#define STATE_BUFFERS 28
 static void state_buffers(ZayaState *s, float **b[STATE_BUFFERS], size_t n[STATE_BUFFERS], const ZayaConfig *c) {
     float **all[STATE_BUFFERS] = {&s->x, &s->h, &s->u, &s->q, &s->k, &s->v, &s->vd, &s->attn_out, &s->branch,
                                   &s->router_state, &s->router_a, &s->router_b, &s->router_logits, &s->router_probs,
                                   &s->expert_weight, &s->expert_in, &s->expert_hidden, &s->expert_out,
-                                  &s->conv_a, &s->z, &s->q_res, &s->k_res, &s->att, &s->router_scores,
+                                  &s->conv_a, &s->z, &s->a_t, &s->q_res, &s->k_res, &s->att, &s->router_scores,
                                   &s->rope_cos, &s->rope_sin, &s->logits};
     memcpy(b, all, sizeof all);
     if (!n) return;
@@ -591,7 +591,7 @@ static void state_buffers(ZayaState *s, float **b[STATE_BUFFERS], size_t n[STATE
                  I = (size_t)c->moe_intermediate, R = (size_t)c->router_hidden, B = ZAYA_BATCH;
     const size_t len[STATE_BUFFERS] = {B * H, B * H, B * C, B * nq * d, B * nkv * d, B * nkv * d, B * nkv * d / 2,
                                        B * nq * d, B * H, B * R, B * R, B * R, B * E1, B * E1, B, B * H, B * 2 * I,
-                                       B * H, (size_t)c->cca_time1 * C, 2 * C, nq * d, nkv * d, nq * (size_t)s->ctx,
+                                       B * H, B * (size_t)c->cca_time1 * C, B * C, C, nq * d, nkv * d, nq * (size_t)s->ctx,
                                        E1, d, d, (size_t)c->vocab_size};
     memcpy(n, len, sizeof len);
 }
@@ -684,31 +684,38 @@ static void tap(ZayaState *s, int layer, int pos, const char *name, const void *
 #define TAP(name, data, n) do { if (s->tap) tap(s, layer, pos, name, data, 1, n, 0); } while (0)          /* [n] */
 #define TAP2(name, data, n0, n1) do { if (s->tap) tap(s, layer, pos, name, data, 2, n0, n1); } while (0) /* [n0, n1] */
 
-/* arch §3.4: the two causal convolutions of one token over [u_{t-K} .. u_t] (the conv state, then
- * u_t = [q_tilde ; k_tilde]); K = (t0-1) + (t1-1). Writes z_t [C] and a_t [C] (for its tap) and
- * pushes u_t into the conv state.
+/* arch §3.4: the two causal convolutions of the batch's n tokens. Token t's window is u_{t-K} .. u_t,
+ * K = (t0-1) + (t1-1): the conv state (the K inputs before the batch, oldest first), then the batch's
+ * u = [q_tilde ; k_tilde] rows. They read inputs only, so the whole batch goes at once; the conv state
+ * then keeps the last K inputs (raw, pre-conv).
  *   depthwise (conv_qk_depthwise, kernel t0): a_s[c] = b0[c] + sum_m w0[c,0,m] u_{s-t0+1+m}[c] for
- *     s = t-t1+1 .. t; a zero-padded u gives a_{<0} = b0, not 0. Kept as conv_a[c * t1 + (s-(t-t1+1))],
- *     the order in which the grouped conv reads a head's inputs.
- *   grouped (conv_qk_grouped, kernel t1, one group of d channels per head):
- *     z_t[o] = b1[o] + sum_j sum_k w1[o,j,k] a_{t-t1+1+k}[head*d + j], a dot product of length d*t1. */
-static void cca_convolutions(const ZayaConfig *c, const ZayaLayer *L, ZayaLayerState *ls, const float *u_t,
-                             float *conv_a, float *z, float *a_t) {
+ *     s = t-t1+1 .. t; a zero-padded u gives a_{<0} = b0, not 0. Kept per token as
+ *     conv_a[t][c * t1 + (s-(t-t1+1))], the order of the grouped conv's weights [o, j, k].
+ *   grouped (conv_qk_grouped, kernel t1, one group of d channels per head): z_t[o] = b1[o] +
+ *     sum_j sum_k w1[o,j,k] a_{t-t1+1+k}[head*d + j]: per head, a product of its [d, d*t1] weights
+ *     with the head's d*t1 values of conv_a. */
+static void cca_convolutions(Kernels *k, const ZayaConfig *c, const ZayaLayer *L, ZayaLayerState *ls, const float *u,
+                             int n, float *conv_a, float *z) {
     const int d = c->head_dim, C = (c->num_heads + c->num_kv_heads) * d;
     const int t0 = c->cca_time0, t1 = c->cca_time1, K = conv_state_len(c);
-#define WINDOW(j) ((j) < K ? ls->conv_state + (size_t)(j) * C : u_t)     /* u_{t-K+j} */
-    for (int ch = 0; ch < C; ch++)
-        for (int kk = 0; kk < t1; kk++) {
-            float sum = L->conv_qk_depthwise_bias[ch];
-            for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * WINDOW(kk + m)[ch];
-            conv_a[(size_t)ch * t1 + kk] = sum;
-        }
-#undef WINDOW
-    for (int o = 0; o < C; o++)
-        z[o] = L->conv_qk_grouped_bias[o] + dot(L->conv_qk_grouped_weight + (size_t)o * d * t1, conv_a + (size_t)(o / d) * d * t1, d * t1);
-    for (int ch = 0; ch < C; ch++) a_t[ch] = conv_a[(size_t)ch * t1 + t1 - 1];
-    for (int j = 0; j < K; j++)   /* drop u_{t-K}, append u_t (raw, pre-conv) */
-        memcpy(ls->conv_state + (size_t)j * C, j + 1 < K ? ls->conv_state + (size_t)(j + 1) * C : u_t, sizeof(float) * (size_t)C);
+#define INPUT(i) ((i) < 0 ? ls->conv_state + (size_t)((i) + K) * C : u + (size_t)(i) * C)   /* u_i, i >= -K */
+    for (int t = 0; t < n; t++)
+        for (int ch = 0; ch < C; ch++)
+            for (int kk = 0; kk < t1; kk++) {   /* a_s, s = t-t1+1+kk, reads u_{s-t0+1} .. u_s */
+                float sum = L->conv_qk_depthwise_bias[ch];
+                for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * INPUT(t - K + kk + m)[ch];
+                conv_a[((size_t)t * C + ch) * t1 + kk] = sum;
+            }
+    for (int head = 0; head < C / d; head++) {
+        const ZayaMatrix w1 = {.dtype = ZAYA_F32, .rows = d, .cols = d * t1,
+                               .data = L->conv_qk_grouped_weight + (size_t)head * d * d * t1};
+        matmul(k, z + (size_t)head * d, C, &w1, conv_a + (size_t)head * d * t1, C * t1, n);
+    }
+    for (int t = 0; t < n; t++)
+        for (int o = 0; o < C; o++) z[(size_t)t * C + o] += L->conv_qk_grouped_bias[o];
+    for (int j = 0; j < K; j++)   /* the last K inputs: u_{n-K} .. u_{n-1} */
+        memmove(ls->conv_state + (size_t)j * C, INPUT(n - K + j), sizeof(float) * (size_t)C);
+#undef INPUT
 }
 
 /* arch §3.7: L2-normalize each head to norm sqrt(d) (clamped at FLT_EPSILON); keys also times
@@ -785,16 +792,19 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
                 }
             }
 
-        for (int t = 0; t < n; t++) {   /* token after token: the conv state, delayed value and KV cache carry over */
+        cca_convolutions(k, c, L, ls, s->u, n, s->conv_a, s->z);                /* §3.4 the two convolutions */
+
+        for (int t = 0; t < n; t++) {   /* token after token: the delayed value and the KV cache carry over */
             const int pos = s->pos + t;
             const float *u = s->u + (size_t)t * C, *q_tilde = u, *k_tilde = u + (size_t)nq * d;
             float *q = s->q + (size_t)t * nq * d, *key = s->k + (size_t)t * nkv * d, *v = s->v + (size_t)t * nkv * d;
-            float *z = s->z, *a_t = s->z + C;
+            const float *z = s->z + (size_t)t * C;
             TAP("self_attn.qkv_proj.q_proj", q_tilde, nq * d);
             TAP("self_attn.qkv_proj.k_proj", k_tilde, nkv * d);
-
-            cca_convolutions(c, L, ls, u, s->conv_a, z, a_t);                    /* §3.4 the two convolutions */
-            TAP("self_attn.qkv_proj.conv_qk_depthwise", a_t, C);
+            if (s->tap) {   /* the depthwise conv's output a_t: its last column */
+                for (int ch = 0; ch < C; ch++) s->a_t[ch] = s->conv_a[((size_t)t * C + ch) * c->cca_time1 + c->cca_time1 - 1];
+                TAP("self_attn.qkv_proj.conv_qk_depthwise", s->a_t, C);
+            }
             TAP("self_attn.qkv_proj.conv_qk_grouped", z, C);
 
             for (int h = 0; h < nq; h++)   /* §3.3 residual mix: q_res[h] = (q_tilde[h] + k_tilde[h/g]) / 2 */

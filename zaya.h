@@ -199,9 +199,10 @@ typedef struct {
     int *expert;              /* chosen router class per token [B] (E = skip) */
     float *expert_weight;     /* its weight [B] */
     float *expert_in, *expert_hidden, *expert_out;   /* tokens of one expert [B, H], [B, 2I], [B, H] */
+    float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} of each token [B, C, t1] */
+    float *z;                 /* grouped conv outputs z_t [B, C] */
     /* scratch for one token */
-    float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} [C, t1] */
-    float *z;                 /* grouped conv output z_t [C], then a_t [C] */
+    float *a_t;               /* the depthwise conv's output a_t [C] (its tap) */
     float *q_res, *k_res;     /* residual mix [nq*d], [nkv*d] */
     float *att;               /* attention probabilities [nq, keys], keys <= ctx (tap self_attn:attn_weights) */
     float *router_scores;     /* probs + balancing biases [E+1] */

@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -253,6 +254,12 @@ static long arg_long(const char *flag, const char *v, long lo, long hi) {
 }
 
 int main(int argc, char **argv) {
+    /* libgomp's idle threads spin after the read for many milliseconds, competing with the engine's own
+     * threads for the cores; passive ones sleep. The policy is read at start-up, hence the re-exec. */
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        execv("/proc/self/exe", argv);   /* returns only on failure: then run as we are */
+    }
     const char *path = NULL, *id_list = NULL;
     int steps = 64, threads = 0, huge = 1, want_profile = 0;
     for (int i = 1; i < argc; i++) {
