@@ -788,22 +788,24 @@ static void matmul_piece(void *ctx, int piece) {
         matmul_rows(j->y, j->ys, j->w, j->x, j->xs, j->n, j->xq, j->xqs, o, o + ROW_TILE < o1 ? o + ROW_TILE : o1);
 }
 
-typedef struct { const ZayaMatrix *w; const float *x; int xs; int16_t *xq; float *xqs; } QuantizeJob;
+typedef struct { const ZayaMatrix *w; const float *x; int xs, n, per; int16_t *xq; float *xqs; } QuantizeJob;
 
-static void quantize_piece(void *ctx, int t) {   /* token t's groups */
+static void quantize_piece(void *ctx, int piece) {   /* the groups of tokens [piece*per, piece*per + per) */
     const QuantizeJob *j = ctx;
     const int cols = j->w->cols, G = j->w->group_size;
-    for (int g = 0; g < cols / G; g++)
-        quantize_q16(j->xq + (size_t)t * cols, j->xqs + (size_t)t * (cols / G), j->x + (size_t)t * j->xs, cols, G, g);
+    for (int t = piece * j->per; t < j->n && t < (piece + 1) * j->per; t++)
+        for (int g = 0; g < cols / G; g++)
+            quantize_q16(j->xq + (size_t)t * cols, j->xqs + (size_t)t * (cols / G), j->x + (size_t)t * j->xs, cols, G, g);
 }
 
 void matmul(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n) {
     const size_t work = (size_t)w->rows * (size_t)w->cols * (size_t)n;
     const int threads = work >= PARALLEL_MIN_WORK ? k->pool.threads : 1;
     if (w->dtype == ZAYA_Q8) {   /* the tokens' int16 form, several tokens at once in parallel */
-        QuantizeJob q = {w, x, xs, k->xq, k->xq_scales};
-        if ((size_t)n * w->cols >= PARALLEL_MIN_WORK / 8 && threads > 1) pool_run(&k->pool, quantize_piece, &q, n);
-        else for (int t = 0; t < n; t++) quantize_piece(&q, t);
+        const int pieces = (size_t)n * w->cols >= PARALLEL_MIN_WORK / 8 && threads > 1 && n > 1
+                           ? (n < threads * PIECES_PER_THREAD ? n : threads * PIECES_PER_THREAD) : 1;
+        QuantizeJob q = {w, x, xs, n, (n + pieces - 1) / pieces, k->xq, k->xq_scales};
+        pool_run(&k->pool, quantize_piece, &q, pieces);
     }
     /* pieces start at a multiple of ROW_TILE (and so of ZAYA_Q8_INTERLEAVE) */
     const int tiles = (w->rows + ROW_TILE - 1) / ROW_TILE;
