@@ -479,7 +479,7 @@ static void dot_q8_interleaved(float *out, const int8_t *w, const float *ws, con
                                int n, int group) {
     enum { RI = ZAYA_Q8_INTERLEAVE };
 #if Q8_VNNI
-    if (q8_whole_blocks(n, group)) {   /* what interleave_q8_rows requires; else the general path below */
+    if (q8_whole_blocks(n, group)) {   /* what kernels_arrange_rows requires; else the general path below */
         const int block = 8 * group, nb = n / block;
         __m256 a[RI];
         for (int r = 0; r < RI; r++) a[r] = _mm256_setzero_ps();
