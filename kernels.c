@@ -386,12 +386,6 @@ dot_float_n(float *out, const int nt, const void *wv, const int kind, const Quan
     }
 }
 
-float dot(const float *w, const float *x, int n) {
-    float r;
-    dot_float_n(&r, 1, w, ZAYA_F32, NULL, x, 0, n);
-    return r;
-}
-
 /* The int8 kernels' SIMD form: AVX-512 with VNNI (vpdpwssd) and VL. */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define Q8_VNNI 1

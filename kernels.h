@@ -32,9 +32,6 @@ void matrix_row(const ZayaMatrix *w, int row, float *out);
 /* Rows [row0, row0 + nrows) of W as a matrix of their own (one expert of a stacked tensor). */
 ZayaMatrix matrix_rows(const ZayaMatrix *w, int row0, int nrows);
 
-/* a . b over n floats (fixed summation order, the same as matmul's float path). */
-float dot(const float *a, const float *b, int n);
-
 /* The KV cache of one layer: [nkv, cache_len, d]; position pos of KV head h at kv_row(). A sliding
  * layer's cache is a ring of cache_len slots. */
 typedef struct {
