@@ -525,9 +525,10 @@ static void dot_float(float *out, int nt, const void *w, int kind, const QuantRo
 }
 
 /* Output rows [o0, o1) for n tokens: tokens DOT_TOKENS at a time against every row of the range, so
- * one group of tokens' activations stays in the L1 cache while it meets the rows. */
+ * one group of tokens' activations stays in the L1 cache while it meets the rows. The tokens'
+ * int16 form (int8 weights): rows xq_cols values apart. */
 static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n,
-                        const int16_t *xq, const float *xqs, int o0, int o1) {
+                        const int16_t *xq, const float *xqs, int xq_cols, int o0, int o1) {
     const int cols = w->cols, G = w->group_size;
     for (int t = 0; t < n; t += DOT_TOKENS) {
         const int nt = n - t < DOT_TOKENS ? n - t : DOT_TOKENS;
@@ -539,13 +540,13 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
                 const int8_t *wr = q8_row(w, o, &pitch);
                 const int RI = ZAYA_Q8_INTERLEAVE;
                 if (nt == 1 && o % RI == 0 && o + RI <= o1 && o + RI <= w->interleaved_rows) {   /* decode: a group at once */
-                    dot_q8_interleaved(r, wr, w->scales + row / (size_t)G, xq + (size_t)t * cols, xqs + (size_t)t * (cols / G), cols, G);
+                    dot_q8_interleaved(r, wr, w->scales + row / (size_t)G, xq + (size_t)t * xq_cols, xqs + (size_t)t * (xq_cols / G), cols, G);
                     for (int k = 0; k < RI; k++) y[(size_t)t * ys + o + k] = r[k];
                     o += RI - 1;
                     continue;
                 }
-                dot_q8(r, nt, wr, pitch, w->scales + row / (size_t)G, xq + (size_t)t * cols, (size_t)cols,
-                       xqs + (size_t)t * (cols / G), (size_t)(cols / G), cols, G);
+                dot_q8(r, nt, wr, pitch, w->scales + row / (size_t)G, xq + (size_t)t * xq_cols, (size_t)xq_cols,
+                       xqs + (size_t)t * (xq_cols / G), (size_t)(xq_cols / G), cols, G);
             } else if (w->dtype == ZAYA_BF16) dot_float(r, nt, (const uint16_t *)w->data + row, ZAYA_BF16, NULL, x + (size_t)t * xs, (size_t)xs, cols);
             else if (w->dtype == ZAYA_FP8) {
                 const float sc = w->scales[o];
@@ -568,8 +569,8 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
  * itself, one at a time, like every worker that is running; it waits only for pieces that another
  * thread has already taken. A worker the OS has descheduled (another program wants the core) takes
  * nothing and holds nobody up. A piece taken just before its thread was descheduled does hold the
- * caller up, for as long as the OS keeps that thread off its core: after such a stall the caller runs
- * the next jobs alone for a while (STALL_NS, SOLO_JOBS). Workers spin for a while between jobs (the
+ * caller up, for as long as the OS keeps that thread off its core: after two such stalls close
+ * together the caller runs the next jobs alone for a while (STALL_NS, STALL_WINDOW, SOLO_JOBS). Workers spin for a while between jobs (the
  * next one usually comes within microseconds), then sleep. Which thread runs a piece never changes
  * its result.
  * ------------------------------------------------------------------------------------------- */
@@ -580,10 +581,13 @@ typedef void (*PieceFn)(void *ctx, int piece);
 #define WORKER_SPIN_NS 1000000   /* a worker polls this long for the next job before it sleeps */
 #define CALLER_SPINS 2000    /* polls of the caller between sched_yield() calls while it waits */
 /* A wait for another thread's piece this long, and twice as long as the caller's fastest piece
- * of the job, means that thread was descheduled: other programs want the cores. The caller then runs the next jobs alone, SOLO_JOBS
- * at first (a few tokens), twice as many after each stall that follows a solo period, and tries the
- * threads again. */
+ * of the job, is a stall: that thread was descheduled. A lone stall is the host's business (a
+ * hypervisor or the kernel takes a core now and then, even on a quiet machine) and costs one wait.
+ * A stall within STALL_WINDOW jobs with threads of the previous one means other programs want the
+ * cores: the caller then runs the next jobs alone, SOLO_JOBS at first (a few tokens), twice as many
+ * after each stall that follows a solo period, and tries the threads again. */
 #define STALL_NS 1000000
+#define STALL_WINDOW 512
 #define SOLO_JOBS 1024
 #define SOLO_JOBS_MAX (SOLO_JOBS << 6)
 
@@ -596,7 +600,7 @@ typedef struct {   /* the fields the threads write each on its own cache line */
     pthread_t *workers;            /* threads - 1 */
     uint32_t job;                  /* the caller's job counter */
     uint32_t solo_jobs, solo_left; /* after a stall: the caller runs solo_left more jobs alone */
-    uint32_t calm;                 /* jobs with threads since the last stall */
+    uint32_t calm;                 /* jobs with threads since the last stall (STALL_WINDOW at the start) */
     _Alignas(64) _Atomic int sleepers, stop;
     pthread_mutex_t mutex;
     pthread_cond_t wake;
@@ -675,16 +679,19 @@ static void pool_run(Pool *p, PieceFn fn, void *ctx, int pieces) {
     }
     uint64_t piece_ns;
     run_pieces(p, job, &piece_ns);
-    if (++p->calm > 4 * SOLO_JOBS) p->solo_jobs = 0;   /* a long calm: the next stall starts over */
+    p->calm += p->calm < UINT32_MAX;
+    if (p->calm > 4 * SOLO_JOBS) p->solo_jobs = 0;   /* a long calm: the next stall starts over */
     if (atomic_load(&p->done) == (uint32_t)pieces) return;
     const uint64_t t1 = now_ns();
     for (int spins = 0; atomic_load(&p->done) < (uint32_t)pieces;)
         if (++spins % CALLER_SPINS) cpu_relax();
         else sched_yield();            /* a piece's thread was descheduled: let it run */
     const uint64_t waited = now_ns() - t1;
-    if (waited >= STALL_NS && (piece_ns == UINT64_MAX || waited >= 2 * piece_ns)) {   /* contention: alone for a while (same results) */
-        p->solo_jobs = p->solo_jobs ? (p->solo_jobs < SOLO_JOBS_MAX ? 2 * p->solo_jobs : SOLO_JOBS_MAX) : SOLO_JOBS;
-        p->solo_left = p->solo_jobs;
+    if (waited >= STALL_NS && (piece_ns == UINT64_MAX || waited >= 2 * piece_ns)) {   /* a stall */
+        if (p->calm < STALL_WINDOW) {   /* the second one close together: alone for a while (same results) */
+            p->solo_jobs = p->solo_jobs ? (p->solo_jobs < SOLO_JOBS_MAX ? 2 * p->solo_jobs : SOLO_JOBS_MAX) : SOLO_JOBS;
+            p->solo_left = p->solo_jobs;
+        }
         p->calm = 0;
     }
 }
@@ -703,6 +710,7 @@ static void pool_stop(Pool *p) {
 static int pool_start(Pool *p, int threads) {
     memset(p, 0, sizeof *p);
     p->threads = 1;
+    p->calm = STALL_WINDOW;
     if (pthread_mutex_init(&p->mutex, NULL) || pthread_cond_init(&p->wake, NULL)) return -1;
     if (threads > 1 && !(p->workers = calloc((size_t)threads - 1, sizeof(pthread_t)))) return -1;
     for (int i = 0; i < threads - 1; i++, p->threads++)
@@ -765,63 +773,110 @@ int kernels_threads(const Kernels *k) { return k->pool.threads; }
 #define PIECE_MIN_WORK (1 << 20)
 
 typedef struct {
-    float *y;
-    int ys;
-    const ZayaMatrix *w;
+    const MatmulOut *out;
+    int count, groups;         /* products; groups of each one's rows (matmul_grouped) */
     const float *x;
     int xs, n;
     const int16_t *xq;
     const float *xqs;
-    int rows_per_piece;
+    int in_cols;               /* the input's width: groups * cols */
+    int tiles_per_piece;       /* a piece: a run of the products' row tiles, taken one product after another */
 } MatmulJob;
 
+/* Row tiles [tile0, tile1) of the products' tiles taken one after another. */
 static void matmul_piece(void *ctx, int piece) {
     const MatmulJob *j = ctx;
-    const int o0 = piece * j->rows_per_piece, o1 = o0 + j->rows_per_piece < j->w->rows ? o0 + j->rows_per_piece : j->w->rows;
-    for (int o = o0; o < o1; o += ROW_TILE)
-        matmul_rows(j->y, j->ys, j->w, j->x, j->xs, j->n, j->xq, j->xqs, o, o + ROW_TILE < o1 ? o + ROW_TILE : o1);
+    const int tile0 = piece * j->tiles_per_piece, tile1 = tile0 + j->tiles_per_piece;
+    for (int i = 0, first = 0; i < j->count && first < tile1; first += (j->out[i++].w->rows + ROW_TILE - 1) / ROW_TILE) {
+        const MatmulOut *m = &j->out[i];
+        const ZayaMatrix *w = m->w;
+        const int cols = w->cols, scales = w->dtype == ZAYA_Q8 ? cols / w->group_size : 0, group_rows = w->rows / j->groups;
+        const int o0 = (tile0 > first ? tile0 - first : 0) * ROW_TILE, o1 = (tile1 - first) * ROW_TILE < w->rows ? (tile1 - first) * ROW_TILE : w->rows;
+        for (int o = o0, end; o < o1; o = end) {   /* tiles, cut where a group of rows ends */
+            const int group = o / group_rows, group_end = (group + 1) * group_rows;
+            end = o + ROW_TILE < o1 ? o + ROW_TILE : o1;
+            end = end < group_end ? end : group_end;
+            matmul_rows(m->y, m->ys, w, j->x + (size_t)group * cols, j->xs, j->n, j->xq + (size_t)group * cols,
+                        j->xqs + (size_t)group * scales, j->in_cols, o, end);
+        }
+    }
 }
 
-typedef struct { const ZayaMatrix *w; const float *x; int xs, n, per; int16_t *xq; float *xqs; } QuantizeJob;
+typedef struct { const ZayaMatrix *w; const float *x; int xs, n, in_cols, per; int16_t *xq; float *xqs; } QuantizeJob;
 
 static void quantize_piece(void *ctx, int piece) {   /* the groups of tokens [piece*per, piece*per + per) */
     const QuantizeJob *j = ctx;
-    const int cols = j->w->cols, G = j->w->group_size;
+    const int cols = j->in_cols, G = j->w->group_size;
     for (int t = piece * j->per; t < j->n && t < (piece + 1) * j->per; t++)
         for (int g = 0; g < cols / G; g++)
             quantize_q16(j->xq + (size_t)t * cols, j->xqs + (size_t)t * (cols / G), j->x + (size_t)t * j->xs, cols, G, g);
 }
 
-void matmul(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n) {
-    const size_t work = (size_t)w->rows * (size_t)w->cols * (size_t)n;
-    const int threads = work >= PARALLEL_MIN_WORK ? k->pool.threads : 1;
-    if (w->dtype == ZAYA_Q8) {   /* the tokens' int16 form, several tokens at once in parallel */
-        const int pieces = (size_t)n * w->cols >= PARALLEL_MIN_WORK / 8 && threads > 1 && n > 1
+/* count products of one input (the same format and width) as one job; groups > 1: count = 1. */
+static void matmul_job(Kernels *k, const MatmulOut *out, int count, int groups, const float *x, int xs, int n) {
+    const ZayaMatrix *w = out[0].w;
+    size_t work = 0;
+    int tiles = 0;
+    for (int i = 0; i < count; i++) {
+        work += (size_t)out[i].w->rows * (size_t)w->cols * (size_t)n;
+        tiles += (out[i].w->rows + ROW_TILE - 1) / ROW_TILE;
+    }
+    const int threads = work >= PARALLEL_MIN_WORK ? k->pool.threads : 1, in_cols = groups * w->cols;
+    if (w->dtype == ZAYA_Q8) {   /* the tokens' int16 form (once for all the products), several tokens at once in parallel */
+        const int pieces = (size_t)n * in_cols >= PARALLEL_MIN_WORK / 8 && threads > 1 && n > 1
                            ? (n < threads * PIECES_PER_THREAD ? n : threads * PIECES_PER_THREAD) : 1;
-        QuantizeJob q = {w, x, xs, n, (n + pieces - 1) / pieces, k->xq, k->xq_scales};
+        QuantizeJob q = {w, x, xs, n, in_cols, (n + pieces - 1) / pieces, k->xq, k->xq_scales};
         pool_run(&k->pool, quantize_piece, &q, pieces);
     }
     /* pieces start at a multiple of ROW_TILE (and so of ZAYA_Q8_INTERLEAVE) */
-    const int tiles = (w->rows + ROW_TILE - 1) / ROW_TILE;
     const size_t by_work = work / PIECE_MIN_WORK;
     int pieces = threads == 1 ? 1 : by_work < (size_t)threads ? threads
                                : by_work < (size_t)threads * PIECES_PER_THREAD ? (int)by_work : threads * PIECES_PER_THREAD;
     pieces = pieces < tiles ? pieces : tiles;
     int per = (tiles + pieces - 1) / pieces;
     if ((tiles + per - 1) / per > MAX_PIECES) per = (tiles + MAX_PIECES - 1) / MAX_PIECES;
-    MatmulJob j = {y, ys, w, x, xs, n, k->xq, k->xq_scales, per * ROW_TILE};
+    MatmulJob j = {out, count, groups, x, xs, n, k->xq, k->xq_scales, in_cols, per};
     pool_run(&k->pool, matmul_piece, &j, (tiles + per - 1) / per);
 }
 
+void matmul(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n) {
+    const MatmulOut out = {w, y, ys};
+    matmul_job(k, &out, 1, 1, x, xs, n);
+}
+
+void matmul_grouped(Kernels *k, float *y, int ys, const ZayaMatrix *w, int groups, const float *x, int xs, int n) {
+    const MatmulOut out = {w, y, ys};
+    matmul_job(k, &out, 1, groups, x, xs, n);
+}
+
+void matmuls(Kernels *k, const MatmulOut *out, int count, const float *x, int xs, int n) {
+    int same = 1;   /* one quantized input serves products of one format */
+    for (int i = 1; i < count; i++)
+        same = same && out[i].w->dtype == out[0].w->dtype && out[i].w->group_size == out[0].w->group_size;
+    if (same) matmul_job(k, out, count, 1, x, xs, n);
+    else for (int i = 0; i < count; i++) matmul_job(k, &out[i], 1, 1, x, xs, n);
+}
+
+void matmuls_ref(const MatmulOut *out, int count, const float *x, int xs, int n) {
+    for (int i = 0; i < count; i++) matmul_ref(out[i].y, out[i].ys, out[i].w, x, xs, n);
+}
+
 /* The reference: y[o] = sum_i W[o][i] * x[i] in plain loops, float32 activations (int8 weights
- * dequantized, the activations not quantized). */
-void matmul_ref(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n) {
+ * dequantized, the activations not quantized); row o of a grouped product reads the input's
+ * columns of its group. */
+void matmul_grouped_ref(float *y, int ys, const ZayaMatrix *w, int groups, const float *x, int xs, int n) {
+    const int group_rows = w->rows / groups;
     for (int t = 0; t < n; t++)
         for (int o = 0; o < w->rows; o++) {
+            const float *xg = x + (size_t)t * xs + (size_t)(o / group_rows) * w->cols;
             float sum = 0.0f;
-            for (int i = 0; i < w->cols; i++) sum += matrix_at(w, o, i) * x[(size_t)t * xs + i];
+            for (int i = 0; i < w->cols; i++) sum += matrix_at(w, o, i) * xg[i];
             y[(size_t)t * ys + o] = sum;
         }
+}
+
+void matmul_ref(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n) {
+    matmul_grouped_ref(y, ys, w, 1, x, xs, n);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -23,6 +23,17 @@ int kernels_threads(const Kernels *k);
 void matmul(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n);
 /* The same with float activations and plain loops (int8 weights dequantized). */
 void matmul_ref(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n);
+/* Several products of the same input X (n tokens, W_i->cols the same): Y_i[t] = W_i . X[t], Y_i's
+ * rows ys_i apart. The same results as one matmul() per product; one job for the threads, and
+ * for int8 weights of one format the input quantized once for all of them. */
+typedef struct { const ZayaMatrix *w; float *y; int ys; } MatmulOut;
+void matmuls(Kernels *k, const MatmulOut *out, int count, const float *x, int xs, int n);
+void matmuls_ref(const MatmulOut *out, int count, const float *x, int xs, int n);
+/* A grouped product (torch Conv1d's groups, as one product): W's rows in `groups` equal groups,
+ * group j's rows meet X[t]'s columns [j * W->cols, (j + 1) * W->cols). For int8 weights
+ * groups * W->cols <= max_cols and W->cols a multiple of its group size. */
+void matmul_grouped(Kernels *k, float *y, int ys, const ZayaMatrix *w, int groups, const float *x, int xs, int n);
+void matmul_grouped_ref(float *y, int ys, const ZayaMatrix *w, int groups, const float *x, int xs, int n);
 
 /* Zeroed memory aligned to a cache line (the buffers the kernels stream through); free() it. */
 void *calloc_lines(size_t n, size_t size);

@@ -706,11 +706,8 @@ static void cca_convolutions(Kernels *k, const ZayaConfig *c, const ZayaLayer *L
                 for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * INPUT(t - K + kk + m)[ch];
                 conv_a[((size_t)t * C + ch) * t1 + kk] = sum;
             }
-    for (int head = 0; head < C / d; head++) {
-        const ZayaMatrix w1 = {.dtype = ZAYA_F32, .rows = d, .cols = d * t1,
-                               .data = L->conv_qk_grouped_weight + (size_t)head * d * d * t1};
-        matmul(k, z + (size_t)head * d, C, &w1, conv_a + (size_t)head * d * t1, C * t1, n);
-    }
+    const ZayaMatrix grouped = {.dtype = ZAYA_F32, .rows = C, .cols = d * t1, .data = L->conv_qk_grouped_weight};
+    matmul_grouped(k, z, C, &grouped, C / d, conv_a, C * t1, n);   /* a group per head */
     for (int t = 0; t < n; t++)
         for (int o = 0; o < C; o++) z[(size_t)t * C + o] += L->conv_qk_grouped_bias[o];
     for (int j = 0; j < K; j++)   /* the last K inputs: u_{n-K} .. u_{n-1} */
@@ -779,10 +776,9 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
             TAP("input_layernorm", s->h + (size_t)t * H, H);
         }
         /* §3.3 q_proj and k_proj: u = [q_tilde ; k_tilde] (HF ZayaCCAProjection); §3.6 the value projections */
-        matmul(k, s->u, C, &L->q_proj, s->h, H, n);
-        matmul(k, s->u + (size_t)nq * d, C, &L->k_proj, s->h, H, n);
-        matmul(k, s->v, nkv * d, &L->v_proj_current, s->h, H, n);
-        matmul(k, s->vd, vhalf, &L->v_proj_delayed, s->h, H, n);
+        const MatmulOut projections[4] = {{&L->q_proj, s->u, C}, {&L->k_proj, s->u + (size_t)nq * d, C},
+                                          {&L->v_proj_current, s->v, nkv * d}, {&L->v_proj_delayed, s->vd, vhalf}};
+        matmuls(k, projections, 4, s->h, H, n);   /* four products of h */
         if (c->attention_bias)   /* the four projections' biases (config attention_bias) */
             for (int t = 0; t < n; t++) {
                 for (int i = 0; i < C; i++) s->u[(size_t)t * C + i] += i < nq * d ? L->q_proj_bias[i] : L->k_proj_bias[i - nq * d];

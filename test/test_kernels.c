@@ -9,7 +9,8 @@
  *         weights: ~1.5e-5 relative per value; the reference multiplies float activations).
  * The fast results must be the same bits for 1, 2 and 3 threads and for one token or several per
  * call, and interleaved int8 rows (what zaya_load does with ZAYA_LOAD_HUGEPAGES) must give the same
- * bits as rows stored alone. attention against attention_ref (relative L2 <= 1e-5) on KV caches
+ * bits as rows stored alone. matmul_grouped (the grouped conv) against matmul_grouped_ref and
+ * against one product per group; matmuls (products of one input) against one matmul each. attention against attention_ref (relative L2 <= 1e-5) on KV caches
  * that are rings (sliding layers) and full, several head layouts, again the same bits for any
  * thread count. FP8 (bf16, f16 and f32 row scales) and MXFP4 weights (the experts of format version
  * 2): the reference decodes known bytes to their values; the fast kernel equals the reference
@@ -271,6 +272,103 @@ static void quant_matmul_case(int dtype, int sd, float big, int rows, int cols, 
     free(q); free(ex); free(scales); free(x); free(deq); free(y); free(y2); free(yr); free(b);
 }
 
+/* matmul_grouped: each group's rows meet their own columns of x. The same bits as one matmul per
+ * group (fast and reference), for 1-3 threads and 1 or 9 tokens a call; fast vs reference within
+ * the tolerance of matmul. dtype F32 (the grouped conv of CCA) or int8 with groups of 8. */
+static void grouped_case(int dtype, int groups, int group_rows, int cols) {
+    const int rows = groups * group_rows, in = groups * cols, G = 8;
+    const size_t n = (size_t)rows * cols;
+    float *wf = malloc(n * sizeof(float)), *x = malloc((size_t)TOKENS * in * sizeof(float)), *scales = NULL;
+    float *y = malloc((size_t)TOKENS * rows * sizeof(float)), *y2 = malloc((size_t)TOKENS * rows * sizeof(float));
+    float *yr = malloc((size_t)TOKENS * rows * sizeof(float)), *yr2 = malloc((size_t)TOKENS * rows * sizeof(float));
+    void *data = wf;
+    for (size_t i = 0; i < n; i++) wf[i] = frand() * 0.05f;
+    for (int i = 0; i < TOKENS * in; i++) x[i] = frand();
+    if (dtype == ZAYA_Q8) {   /* groups of 8 in the blob's order */
+        int8_t *q = malloc(n);
+        scales = malloc(n / G * sizeof(float));
+        for (size_t g = 0; g < n / G; g++) {
+            scales[g] = 1.0f / 127.0f;
+            size_t row = g * G / (size_t)cols * (size_t)cols;
+            for (int i = 0; i < G; i++) q[row + zaya_q8_position((int)(g * G - row) + i, cols, G)] = (int8_t)(frand() * 127.0f);
+        }
+        data = q;
+    }
+    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_Q8 ? G : 0, data, scales, 0, NULL, 0};
+    char label[128], what[160];
+    snprintf(label, sizeof label, "matmul_grouped %s [%d groups of %d x %d]", dtype == ZAYA_Q8 ? "int8" : "fp32", groups, group_rows, cols);
+    matmul_grouped_ref(yr, rows, &m, groups, x, in, TOKENS);
+    matmul_grouped(pools[1], y, rows, &m, groups, x, in, TOKENS);
+    const double rel = rel_l2(y, yr, (size_t)TOKENS * rows), tol = dtype == ZAYA_Q8 ? 1e-4 : 1e-5;
+    snprintf(what, sizeof what, "fast vs reference rel L2 %.2e (<= %.0e)", rel, tol);
+    check(rel <= tol, what, label);
+    int same = 1;
+    for (int j = 0; j < groups; j++) {   /* group j alone: rows [j * group_rows, ...) of W, columns j * cols of x */
+        ZayaMatrix part = matrix_rows(&m, j * group_rows, group_rows);
+        for (int t = 0; t < TOKENS; t++) matmul(pools[1], y2 + (size_t)t * rows + (size_t)j * group_rows, rows, &part,
+                                                x + (size_t)t * in + (size_t)j * cols, in, 1);
+        matmul_ref(yr2 + (size_t)j * group_rows, rows, &part, x + (size_t)j * cols, in, TOKENS);
+    }
+    same = !memcmp(y, y2, (size_t)TOKENS * rows * sizeof(float)) && !memcmp(yr, yr2, (size_t)TOKENS * rows * sizeof(float));
+    for (int threads = 2; threads <= 3; threads++) {
+        matmul_grouped(pools[threads], y2, rows, &m, groups, x, in, TOKENS);
+        same = same && !memcmp(y, y2, (size_t)TOKENS * rows * sizeof(float));
+    }
+    check(same, "the same bits as a product per group, for 1-3 threads and 1 or 9 tokens a call", label);
+    if (data != wf) free(data);
+    free(wf); free(x); free(y); free(y2); free(yr); free(yr2); free(scales);
+}
+
+/* matmuls: four products of one input (q_proj, k_proj, the two value projections of ZAYA1-8B,
+ * scaled down) give the same bits as one matmul() each, for 1-3 threads and 1 or 9 tokens a call;
+ * matmuls_ref the same bits as matmul_ref. int8 (one quantized input for all) and fp32; a mixed
+ * pair (int8 and fp32) falls back to one product each. */
+static void matmuls_case(int dtype, int cols, int mixed) {
+    const int rows[4] = {256, 32, 32, 16}, G = 8;
+    ZayaMatrix m[4];
+    float *y[4], *y2[4], *x = malloc((size_t)TOKENS * cols * sizeof(float));
+    MatmulOut out2[4];
+    for (int i = 0; i < TOKENS * cols; i++) x[i] = frand();
+    for (int i = 0; i < 4; i++) {
+        const int dt = mixed && i == 3 ? ZAYA_F32 : dtype;
+        const size_t n = (size_t)rows[i] * cols;
+        float *scales = NULL;
+        void *data;
+        if (dt == ZAYA_Q8) {
+            int8_t *q = malloc(n);
+            scales = malloc(n / G * sizeof(float));
+            for (size_t j = 0; j < n; j++) q[j] = (int8_t)(frand() * 127.0f);
+            for (size_t g = 0; g < n / G; g++) scales[g] = 1.0f / 127.0f;
+            data = q;
+        } else {
+            float *f = malloc(n * sizeof(float));
+            for (size_t j = 0; j < n; j++) f[j] = frand() * 0.05f;
+            data = f;
+        }
+        m[i] = (ZayaMatrix){dt, rows[i], cols, dt == ZAYA_Q8 ? G : 0, data, scales, 0, NULL, 0};
+        y[i] = malloc((size_t)TOKENS * rows[i] * sizeof(float));
+        y2[i] = malloc((size_t)TOKENS * rows[i] * sizeof(float));
+        out2[i] = (MatmulOut){&m[i], y2[i], rows[i]};
+    }
+    char label[96];
+    snprintf(label, sizeof label, "matmuls %s%s [4 products of %d columns]", dtype == ZAYA_Q8 ? "int8" : "fp32", mixed ? " + fp32" : "", cols);
+    int same = 1;
+    for (int i = 0; i < 4; i++)
+        for (int t = 0; t < TOKENS; t++) matmul(pools[1], y[i] + (size_t)t * rows[i], rows[i], &m[i], x + (size_t)t * cols, cols, 1);
+    for (int threads = 1; threads <= 3; threads++) {
+        matmuls(pools[threads], out2, 4, x, cols, TOKENS);
+        for (int i = 0; i < 4; i++) same = same && !memcmp(y[i], y2[i], (size_t)TOKENS * rows[i] * sizeof(float));
+    }
+    check(same, "the same bits as one matmul each, for 1-3 threads and 1 or 9 tokens a call", label);
+    for (int i = 0; i < 4; i++) matmul_ref(y[i], rows[i], &m[i], x, cols, TOKENS);
+    matmuls_ref(out2, 4, x, cols, TOKENS);
+    same = 1;
+    for (int i = 0; i < 4; i++) same = same && !memcmp(y[i], y2[i], (size_t)TOKENS * rows[i] * sizeof(float));
+    check(same, "matmuls_ref: the same bits as matmul_ref each", label);
+    for (int i = 0; i < 4; i++) { free((void *)m[i].data); free((void *)m[i].scales); free(y[i]); free(y2[i]); }
+    free(x);
+}
+
 int main(void) {
     for (int t = 1; t <= 3; t++)
         if (!(pools[t] = kernels_new(t, 4096, TOKENS))) { printf("FAIL kernels_new(%d threads): cannot start\n", t); return 1; }
@@ -283,6 +381,15 @@ int main(void) {
             if (shapes[s][1] % g == 0) { matmul_case(ZAYA_Q8, shapes[s][0], shapes[s][1], g); break; }
         if (shapes[s][1] % 16 == 0) matmul_case(ZAYA_Q8, shapes[s][0], shapes[s][1], 16);
     }
+    grouped_case(ZAYA_F32, 18, 128, 256);   /* ZAYA1-8B's grouped conv: 18 heads of d = 128, kernel 2 */
+    grouped_case(ZAYA_F32, 5, 8, 16);       /* the fixtures' d = 8: groups smaller than a row tile */
+    grouped_case(ZAYA_F32, 3, 100, 24);     /* groups that end inside a row tile */
+    grouped_case(ZAYA_Q8, 4, 72, 512);      /* int8: interleaved-size groups, whole blocks */
+    grouped_case(ZAYA_Q8, 3, 5, 64);
+    matmuls_case(ZAYA_Q8, 512, 0);
+    matmuls_case(ZAYA_Q8, 96, 0);
+    matmuls_case(ZAYA_F32, 80, 0);
+    matmuls_case(ZAYA_Q8, 64, 1);
     quant_values_case();
     /* row lengths: ZAYA1-8B's 2048, blocks of 32 with an odd 16-block (FP8 only: any length) */
     const int sds[3] = {ZAYA_BF16, ZAYA_F16, ZAYA_F32};
