@@ -570,9 +570,9 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
  * thread has already taken. A worker the OS has descheduled (another program wants the core) takes
  * nothing and holds nobody up. A piece taken just before its thread was descheduled does hold the
  * caller up, for as long as the OS keeps that thread off its core: after two such stalls close
- * together the caller runs the next jobs alone for a while (STALL_NS, STALL_WINDOW, SOLO_JOBS). Workers spin for a while between jobs (the
- * next one usually comes within microseconds), then sleep. Which thread runs a piece never changes
- * its result.
+ * together the caller runs the next jobs alone for a while (STALL_NS, STALL_WINDOW, SOLO_JOBS).
+ * Workers spin for a while between jobs (the next one usually comes within microseconds), then
+ * sleep. Which thread runs a piece never changes its result.
  * ------------------------------------------------------------------------------------------- */
 
 typedef void (*PieceFn)(void *ctx, int piece);
@@ -855,10 +855,6 @@ void matmuls(Kernels *k, const MatmulOut *out, int count, const float *x, int xs
         same = same && out[i].w->dtype == out[0].w->dtype && out[i].w->group_size == out[0].w->group_size;
     if (same) matmul_job(k, out, count, 1, x, xs, n);
     else for (int i = 0; i < count; i++) matmul_job(k, &out[i], 1, 1, x, xs, n);
-}
-
-void matmuls_ref(const MatmulOut *out, int count, const float *x, int xs, int n) {
-    for (int i = 0; i < count; i++) matmul_ref(out[i].y, out[i].ys, out[i].w, x, xs, n);
 }
 
 /* The reference: y[o] = sum_i W[o][i] * x[i] in plain loops, float32 activations (int8 weights

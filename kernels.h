@@ -24,11 +24,10 @@ void matmul(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *x, i
 /* The same with float activations and plain loops (int8 weights dequantized). */
 void matmul_ref(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n);
 /* Several products of the same input X (n tokens, W_i->cols the same): Y_i[t] = W_i . X[t], Y_i's
- * rows ys_i apart. The same results as one matmul() per product; one job for the threads, and
- * for int8 weights of one format the input quantized once for all of them. */
+ * rows ys_i apart. The same bits as one matmul() per product (its reference: matmul_ref on each);
+ * one job for the threads, and for int8 weights of one format the input quantized once for all. */
 typedef struct { const ZayaMatrix *w; float *y; int ys; } MatmulOut;
 void matmuls(Kernels *k, const MatmulOut *out, int count, const float *x, int xs, int n);
-void matmuls_ref(const MatmulOut *out, int count, const float *x, int xs, int n);
 /* A grouped product (torch Conv1d's groups, as one product): W's rows in `groups` equal groups,
  * group j's rows meet X[t]'s columns [j * W->cols, (j + 1) * W->cols). For int8 weights
  * groups * W->cols <= max_cols and W->cols a multiple of its group size. */
