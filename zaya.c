@@ -576,6 +576,10 @@ void zaya_free(ZayaModel *m) {
 
 static int conv_state_len(const ZayaConfig *c) { return (c->cca_time0 - 1) + (c->cca_time1 - 1); }
 
+/* With a tap (--dump) every token's logits: the LM head (the whole embedding, 2.1 GB for 74B in
+ * bf16) is read once for LOGIT_ROWS tokens. */
+#define LOGIT_ROWS 8
+
 /* The state's float buffers and their lengths for config c (B tokens a batch). */
 #define STATE_BUFFERS 28
 static void state_buffers(ZayaState *s, float **b[STATE_BUFFERS], size_t n[STATE_BUFFERS], const ZayaConfig *c) {
@@ -592,7 +596,7 @@ static void state_buffers(ZayaState *s, float **b[STATE_BUFFERS], size_t n[STATE
     const size_t len[STATE_BUFFERS] = {B * H, B * H, B * C, B * nq * d, B * nkv * d, B * nkv * d, B * nkv * d / 2,
                                        B * nq * d, B * H, B * R, B * R, B * R, B * E1, B * E1, B, B * H, B * 2 * I,
                                        B * H, B * (size_t)c->cca_time1 * C, B * C, C, nq * d, nkv * d, nq * (size_t)s->ctx,
-                                       E1, d, d, (size_t)c->vocab_size};
+                                       E1, d, d, LOGIT_ROWS * (size_t)c->vocab_size};
     memcpy(n, len, sizeof len);
 }
 
@@ -960,14 +964,20 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
     layer = -1;   /* §3.16 final norm and the tied LM head: the last token's logits (every token's for a tap) */
     for (int t = 0; t < n; t++) {
         const int pos = s->pos + t;
-        float *f = s->h + (size_t)t * H;
-        rmsnorm(f, s->x + (size_t)t * H, m->norm, H, eps);
-        TAP("model.norm", f, H);
-        if (t == n - 1 || s->tap) {
-            matmul(k, s->logits, c->vocab_size, &m->embed_tokens, f, H, 1);
-            if (c->lm_head_bias) for (int v = 0; v < c->vocab_size; v++) s->logits[v] += m->lm_head_bias[v];
-            TAP("logits", s->logits, c->vocab_size);
+        rmsnorm(s->h + (size_t)t * H, s->x + (size_t)t * H, m->norm, H, eps);
+        TAP("model.norm", s->h + (size_t)t * H, H);
+    }
+    const int V = c->vocab_size;
+    for (int t0 = s->tap ? 0 : n - 1, rows = 0; t0 < n; t0 += rows) {   /* a tap: LOGIT_ROWS tokens a product */
+        rows = n - t0 < LOGIT_ROWS ? n - t0 : LOGIT_ROWS;
+        matmul(k, s->logits, V, &m->embed_tokens, s->h + (size_t)t0 * H, H, rows);
+        for (int t = t0; t < t0 + rows; t++) {
+            const int pos = s->pos + t;
+            float *logits = s->logits + (size_t)(t - t0) * V;
+            if (c->lm_head_bias) for (int v = 0; v < V; v++) logits[v] += m->lm_head_bias[v];
+            TAP("logits", logits, V);
         }
+        if (t0 + rows == n) memmove(s->logits, s->logits + (size_t)(rows - 1) * V, sizeof(float) * (size_t)V);
     }
     s->pos += n;
 }

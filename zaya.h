@@ -207,7 +207,7 @@ typedef struct {
     float *att;               /* attention probabilities [nq, keys], keys <= ctx (tap self_attn:attn_weights) */
     float *router_scores;     /* probs + balancing biases [E+1] */
     float *rope_cos, *rope_sin;   /* [rot/2] */
-    float *logits;            /* [V]: logits of the last token run */
+    float *logits;            /* [V]: logits of the last token run (room for a few rows: a tap's batches) */
 } ZayaState;
 
 /* Allocates the state for up to ctx positions (1 <= ctx <= max_position) and zeroes it: an empty HF
