@@ -977,7 +977,8 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
             if (c->lm_head_bias) for (int v = 0; v < V; v++) logits[v] += m->lm_head_bias[v];
             TAP("logits", logits, V);
         }
-        if (t0 + rows == n) memmove(s->logits, s->logits + (size_t)(rows - 1) * V, sizeof(float) * (size_t)V);
+        if (t0 + rows == n)   /* the last token's logits first, where generation reads them */
+            memmove(s->logits, s->logits + (size_t)(rows - 1) * V, sizeof(float) * (size_t)V);
     }
     s->pos += n;
 }
