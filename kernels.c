@@ -1,8 +1,8 @@
 /* kernels.c - the fast path of zaya.c: matrix products, attention, the thread pool, huge pages.
  *
- * The model (zaya.c) calls matmul(), attention() and a few helpers; how they run is decided here.
- * Every fast kernel has a plain-loop twin (matmul_ref, attention_ref) that test/test_kernels.c
- * compares it with. The fast kernels compute each output with the same operations in the same order
+ * The model (zaya.c) calls matmul(), matmuls(), matmul_grouped(), attention() and a few helpers;
+ * how they run is decided here. Every fast kernel has a plain-loop twin (matmul_ref,
+ * matmul_grouped_ref, attention_ref) that test/test_kernels.c compares it with. The fast kernels compute each output with the same operations in the same order
  * whatever the thread count, the number of tokens per call or the SIMD width (AVX-512 or portable C),
  * so the model's results never depend on them.
  *

@@ -7,7 +7,7 @@
  * (docs/blob-format.md): the int8 values, zero padding to a multiple of 64 bytes, then one float32
  * scale per group, with
  *   scale = max|w| / 127,  q = round(w / scale)  (0 for an all-zero group).
- * Inside a row, every block of 8 groups is stored interleaved (zaya_q8_position() in zaya.c: value
+ * Inside a row, every block of 8 groups is stored interleaved (zaya_q8_position() in kernels.c: value
  * j of group k at (j/2)*16 + 2k + j%2) so that the SIMD kernels sum 8 groups in 8 lanes at once.
  * Prints one line: "<crc32 of the written bytes> <max abs error> <sum sq error> <sum sq weights>".
  * Python alone would need hours for the 8.8 B weights of ZAYA1-8B; this takes seconds per GB.
@@ -34,7 +34,7 @@ static int die(const char *msg) {
     return 1;
 }
 
-/* Where column i of a row is stored (the same rule as zaya_q8_position in zaya.c). */
+/* Where column i of a row is stored (the same rule as zaya_q8_position in kernels.c). */
 static long position(long i, long cols, long group) {
     long block = 8 * group;
     if (group % 2 || i >= cols / block * block) return i;   /* odd groups and the tail: unpermuted */

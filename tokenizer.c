@@ -1,6 +1,6 @@
 /* tokenizer.c - Hugging Face-exact encode/decode of the ZAYA1-8B / Gemma 3 tokenizer (see tokenizer.h).
  *
- * Reading order: the section loader (zaya_tok_load), then encode() top to bottom (UTF-8 repair,
+ * Reading order: the section loader (zaya_tok_load), then zaya_tok_encode() top to bottom (UTF-8 repair,
  * added tokens, BPE with a heap over a linked list of symbols), then decode and streaming decode,
  * then chat rendering. Each step names the HF `tokenizers` behaviour it reproduces.
  */

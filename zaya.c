@@ -2,7 +2,7 @@
  *
  * Read it top to bottom beside docs/architecture.md ("arch §n"); the upstream code it mirrors is
  * Hugging Face transformers' src/transformers/models/zaya/modeling_zaya.py ("HF"):
- *   1. helpers: errors, RMSNorm, activations
+ *   1. helpers: errors, RMSNorm, the residual scaling
  *   2. loading and validating the blob (docs/blob-format.md)
  *   3. the decoding state (arch §4)
  *   4. forward(): every token of every mode, in the order of arch §3
@@ -69,7 +69,8 @@ static uint32_t rd_u32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); r
 static uint64_t rd_u64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static float rd_f32(const unsigned char *p) { float v; memcpy(&v, p, 4); return v; }
 
-/* CRC-32 (IEEE, as Python's zlib.crc32), bitwise table built on first use per call site. */
+/* CRC-32 (IEEE, as Python's zlib.crc32); the 256-entry table is rebuilt on each call (once per tensor
+ * with --verify: small beside the tensor's bytes). */
 static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
     uint32_t table[256];
     for (uint32_t i = 0; i < 256; i++) {
