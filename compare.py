@@ -5,8 +5,8 @@
                        [--strict] [--verbose] [--json OUT]
 
 A dump is a folder with index.json and one NumPy .npy file per tensor (docs/compare.md): written by
-`./zaya MODEL.bin --ids ... --dump DIR`, by test/golden_hf.py (the official transformers code), by
-test/fixture_to_dump.py (the shared fixture goldens) or by any other port. Tensors are matched by name
+`./zaya MODEL.bin --ids ... --dump DIR`, by tools/golden_hf.py (the official transformers code), by
+tools/fixture_to_dump.py (the shared fixture goldens) or by any other port. Tensors are matched by name
 and compared in the reference's execution order. The report names the FIRST DIVERGENCE (the earliest
 position at which any tensor is past its tolerance, and at that position the first tensor in execution
 order), the error each layer adds, routing agreement with the reference's router margins (near-tie or
@@ -664,7 +664,7 @@ class Comparison:
         self.only_ref = [n for n in self.ref.order if not self.test.has(n) and n not in logits_names]
         if not names and not self.logits:
             self.errors.append("the two dumps have no tensor name in common\n  hint: names are HF module "
-                               "paths (docs/compare.md); convert fixture goldens with test/fixture_to_dump.py")
+                               "paths (docs/compare.md); convert fixture goldens with tools/fixture_to_dump.py")
 
     def first_divergence(self):
         """Earliest (position, execution index) of a bad row that no routing flip explains."""

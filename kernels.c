@@ -87,13 +87,6 @@ static inline int8_t q8_at(const int8_t *w, size_t q, int pitch) {
     return pitch == 64 ? w[q] : w[q / 64 * (size_t)pitch + q % 64];
 }
 
-size_t zaya_q8_position(int i, int cols, int group) {
-    const int block = 8 * group;
-    if (group % 2 || i >= cols / block * block) return (size_t)i;   /* odd groups and the tail: unpermuted */
-    const int b = i / block, k = (i % block) / group, j = i % group;
-    return (size_t)b * block + (size_t)(j / 2) * 16 + 2 * k + j % 2;
-}
-
 /* FP8 E4M3FN and MXFP4 weights (format version 2, the experts; docs/quantized-experts.md) are
  * dequantized where they are used, to exactly the numbers the official code materialises:
  *   FP8:   w = round_to(scale dtype, e4m3(q) * scale), round to nearest even (the product is exact

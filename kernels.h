@@ -7,7 +7,7 @@
 #ifndef ZAYA_KERNELS_H
 #define ZAYA_KERNELS_H
 
-#include "zaya.h"
+#include "tensor.h"
 
 /* Threads and scratch: one per ZayaState. threads <= 0 means zaya_default_threads(). NULL when out
  * of memory or when the threads cannot be started. */

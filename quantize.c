@@ -7,7 +7,7 @@
  * (docs/blob-format.md): the int8 values, zero padding to a multiple of 64 bytes, then one float32
  * scale per group, with
  *   scale = max|w| / 127,  q = round(w / scale)  (0 for an all-zero group).
- * Inside a row, every block of 8 groups is stored interleaved (zaya_q8_position() in kernels.c: value
+ * Inside a row, every block of 8 groups is stored interleaved (zaya_q8_position() in tensor.h: value
  * j of group k at (j/2)*16 + 2k + j%2) so that the SIMD kernels sum 8 groups in 8 lanes at once.
  * Prints one line: "<crc32 of the written bytes> <max abs error> <sum sq error> <sum sq weights>".
  * Python alone would need hours for the 8.8 B weights of ZAYA1-8B; this takes seconds per GB.
@@ -22,24 +22,11 @@
 #include <string.h>
 #include <unistd.h>
 
-static uint32_t crc_table[256];
-static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
-    crc = ~crc;
-    for (size_t i = 0; i < n; i++) crc = crc_table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-    return ~crc;
-}
+#include "tensor.h"   /* the one CRC-32 and int8 storage order of zaya.c */
 
 static int die(const char *msg) {
     fprintf(stderr, "zaya-quantize: %s\n", msg);
     return 1;
-}
-
-/* Where column i of a row is stored (the same rule as zaya_q8_position in kernels.c). */
-static long position(long i, long cols, long group) {
-    long block = 8 * group;
-    if (group % 2 || i >= cols / block * block) return i;   /* odd groups and the tail: unpermuted */
-    long b = i / block, k = (i % block) / group, j = i % group;
-    return b * block + (j / 2) * 16 + 2 * k + j % 2;
 }
 
 int main(int argc, char **argv) {
@@ -50,11 +37,6 @@ int main(int argc, char **argv) {
     long long offset = strtoll(argv[5], NULL, 10), numel = strtoll(argv[6], NULL, 10);
     if (group < 1 || group > 4096 || cols < 1 || cols % group || offset < 0 || numel < 1 || numel % cols)
         return die("bad GROUP / ROWLEN / OFFSET / NUMEL (ROWLEN a multiple of GROUP, NUMEL of ROWLEN)");
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[i] = c;
-    }
     int fd = open(argv[4], O_WRONLY);
     if (fd < 0) return die(strerror(errno));
 
@@ -93,20 +75,20 @@ int main(int argc, char **argv) {
                     sum_sq += (double)w[k] * w[k];
                 }
             }
-            for (long i = 0; i < cols; i++) q[r * cols + position(i, cols, group)] = row_q[i];
+            for (long i = 0; i < cols; i++) q[r * cols + zaya_q8_position((int)i, (int)cols, (int)group)] = row_q[i];
         }
         size_t nq = (size_t)(nr * cols);
         if (pwrite(fd, q, nq, offset + done * cols) != (ssize_t)nq) return die(strerror(errno));
-        crc = crc32_update(crc, (unsigned char *)q, nq);
+        crc = zaya_crc32(crc, (unsigned char *)q, nq);
         done += nr;
     }
     long long pad = (numel + 63) / 64 * 64 - numel;
     unsigned char zeros[64] = {0};
     if (pad && pwrite(fd, zeros, (size_t)pad, offset + numel) != (ssize_t)pad) return die(strerror(errno));
-    crc = crc32_update(crc, zeros, (size_t)pad);
+    crc = zaya_crc32(crc, zeros, (size_t)pad);
     size_t ns = sizeof(float) * (size_t)(numel / group);
     if (pwrite(fd, scales, ns, offset + numel + pad) != (ssize_t)ns) return die(strerror(errno));
-    crc = crc32_update(crc, (unsigned char *)scales, ns);
+    crc = zaya_crc32(crc, (unsigned char *)scales, ns);
     if (close(fd) != 0) return die(strerror(errno));
     printf("%u %.9g %.17g %.17g\n", crc, max_err, sum_sq_err, sum_sq);
     free(in); free(q); free(row_q); free(w); free(scales);

@@ -14,8 +14,7 @@
 #ifndef ZAYA_H
 #define ZAYA_H
 
-#include <stddef.h>
-#include <stdint.h>
+#include "tensor.h"
 
 #define ZAYA_FORMAT_VERSION 2   /* the loader reads versions 1 and 2 (2 adds the dtypes FP8 and MXFP4) */
 #define ZAYA_MAX_LAYERS 256
@@ -25,14 +24,6 @@
  * `sliding_window` positions including the current one (arch §3.9). */
 enum { ZAYA_HYBRID = 0, ZAYA_HYBRID_SLIDING = 1 };
 
-/* Tensor dtypes in the blob. Q8 = symmetric int8 in groups of `group_size` consecutive weights
- * along a row, one float32 scale per group (w = q * scale), values first then scales.
- * FP8 and MXFP4 (format version 2, expert tensors only; docs/quantized-experts.md):
- *   FP8   = E4M3FN bytes, one float32 scale per row: w = round_to(scale_dtype, e4m3(q) * scale);
- *   MXFP4 = two E2M1 values per byte (even column in the low nibble), one E8M0 byte e per 32
- *           values of a row: w = e2m1(q) * 2^(e - 127).
- * ZAYA_F16 is not a tensor dtype: only an FP8 scale dtype (ZayaMatrix.scale_dtype). */
-enum { ZAYA_F32 = 0, ZAYA_BF16 = 1, ZAYA_Q8 = 2, ZAYA_FP8 = 3, ZAYA_MXFP4 = 4, ZAYA_F16 = 5 };
 
 /* Skip expert (router class num_experts): upstream transformers/vLLM give it a zero output;
  * Zyphra's original fork passes the MoE input through, times its probability (arch §6a). */
@@ -66,23 +57,6 @@ typedef struct {
     unsigned char layer_types[ZAYA_MAX_LAYERS];
 } ZayaConfig;
 
-/* Rows per group of interleaved int8 rows (ZayaMatrix.interleaved_rows; kernels.c): pairs. */
-#define ZAYA_Q8_INTERLEAVE 2
-
-/* A weight matrix [rows, cols] (PyTorch [out, in]) in any blob dtype. */
-typedef struct {
-    int dtype;             /* ZAYA_F32, ZAYA_BF16, ZAYA_Q8, ZAYA_FP8 or ZAYA_MXFP4 */
-    int rows, cols;
-    int group_size;        /* Q8: its group size; MXFP4: 32 (values per E8M0 byte); else 0 */
-    const void *data;      /* rows*cols values, row-major (MXFP4: rows*cols/2 bytes) */
-    const float *scales;   /* Q8: rows*cols/group_size scales; FP8: rows scales, one per row */
-    int interleaved_rows;  /* Q8 only: rows [0, interleaved_rows) are stored in groups of
-                            * ZAYA_Q8_INTERLEAVE rows whose 64-byte chunks alternate (needs cols % 64
-                            * == 0; zaya_load with ZAYA_LOAD_HUGEPAGES does this in its copy when built
-                            * with the AVX-512 VNNI kernels, docs/blob-format.md); 0 = rows as in the blob */
-    const uint8_t *exponents;   /* MXFP4 only: rows*cols/32 E8M0 bytes, row-major */
-    int scale_dtype;       /* FP8 only: what each e4m3(q) * scale is rounded to: ZAYA_F32, ZAYA_BF16 or ZAYA_F16 */
-} ZayaMatrix;
 
 /* (x + bias) * scale on the branch plus (r + bias) * scale on the residual (HF ZayaResidualScaling). */
 typedef struct {
@@ -231,9 +205,5 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
  * KV cache of every layer (names in docs/compare.md), row-major with full shapes in tap->shape. */
 void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void *ctx);
 
-/* Where value i (0..cols-1) of an int8 row is stored: each block of 8 groups is interleaved so
- * that value j of group k sits at (j/2)*16 + 2k + j%2 (docs/blob-format.md); the tail of a row
- * that is not a whole block, and odd group sizes, are stored in order. */
-size_t zaya_q8_position(int i, int cols, int group);
 
 #endif /* ZAYA_H */

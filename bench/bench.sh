@@ -5,7 +5,7 @@
 #   bench/bench.sh [CKPT] --contention [--threads "1 2"] [--rounds 5] ...
 #
 # CKPT (default /work/big/zaya1-8b-native) is a hub-format folder, e.g. written by
-# bench/make_checkpoint.py. For each dtype it
+# tools/make_checkpoint.py. For each dtype it
 #   (a) exports CKPT with `python3 export_weights.py CKPT OUT/zaya-DTYPE.bin --dtype DTYPE`
 #       (wall time and peak RSS from /usr/bin/time -v; --reuse keeps an existing blob),
 #   (b)+(c) for each thread count N, ROUNDS times (--rounds, default 3): measures the memory read
@@ -95,7 +95,7 @@ if [ -n "${PEER_BENCH:-}${PEER_MODEL:-}" ]; then
     PEER_HELP="$("$PEER_BENCH" --help 2>&1 || true)"   # (not piped into grep -q: it can die of SIGPIPE under pipefail)
     if grep -q -- '--n-depth' <<<"$PEER_HELP"; then PEER_DEPTH="$NPROMPT" PEER_DEPTH_ARGS=(-d "0,$NPROMPT"); fi
 fi
-[ -d "$CKPT" ] || die "checkpoint folder $CKPT not found (make one: $PYTHON bench/make_checkpoint.py $CKPT)"
+[ -d "$CKPT" ] || die "checkpoint folder $CKPT not found (make one: $PYTHON tools/make_checkpoint.py $CKPT)"
 [ -f "$CKPT/config.json" ] || die "$CKPT has no config.json"
 ls "$CKPT"/*.safetensors >/dev/null 2>&1 || die "$CKPT has no .safetensors files"
 case "$(realpath -m "$OUT")/" in "$REPO"/*) die "--out $OUT is inside the repository; blobs must stay out of it" ;; esac

@@ -96,7 +96,7 @@ def read_blob(path):
 
 def from_config(ckpt, dtype, group):
     """The blob's tensor list as export_weights.py would write it (native names; router etc. fp32)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
     import make_checkpoint as mc
     with open(os.path.join(ckpt, "config.json") if os.path.isdir(ckpt) else ckpt) as f:
         c = json.load(f)

@@ -6,7 +6,7 @@
             [--random-experts --seed N]
     python3 test/make_quantized_checkpoint.py --selftest
 
-SRC is a native bf16 checkpoint folder (test fixtures, bench/make_checkpoint.py output). OUT gets one
+SRC is a native bf16 checkpoint folder (test fixtures, tools/make_checkpoint.py output). OUT gets one
 model.safetensors where every expert matrix is quantized the way compressed-tensors does it
 (docs/quantized-experts.md) and every other tensor is copied byte for byte, a config.json with a
 compressed-tensors quantization_config, and SRC's other files (tokenizer).

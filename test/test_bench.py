@@ -7,7 +7,7 @@ decode_vs_read reads, after each decode step, the weight bytes a decode step rea
 bytes_per_token must equal bench/bytes_per_token.py's total for the same blob (the two count those
 bytes independently: one from the loaded model's tensors, one from the blob's tensor directory).
 Checked on the compact fixture (test/fixtures) at fp32, bf16 and int8, and on an odd-dimension checkpoint from
-bench/make_checkpoint.py (hidden 50, 5 experts, expert width 27: int8 groups that do not fill a
+tools/make_checkpoint.py (hidden 50, 5 experts, expert width 27: int8 groups that do not fill a
 block); at 1 and 2 threads; its --profile table (rows that add up, the step's tap pairs in order);
 plus its usage and error exits. Needs build/decode_vs_read (make test). And bench/bench.sh --contention
 runs on the compact fixture (one round, one token: the code path, not its speed).
@@ -94,7 +94,7 @@ def main():
 
     odd = os.path.join(BUILD, "bench_odd")
     tok = small_tokenizer(tokenizer_dir(), os.path.join(BUILD, "bench_tokenizer_1000"))
-    rc, _, err = run(["python3", "bench/make_checkpoint.py", odd, "--hidden", "50", "--layers", "3", "--heads", "2",
+    rc, _, err = run(["python3", "tools/make_checkpoint.py", odd, "--hidden", "50", "--layers", "3", "--heads", "2",
                       "--kv-heads", "2", "--head-dim", "16", "--experts", "5", "--moe-intermediate", "27",
                       "--router-hidden", "13", "--vocab", "997", "--cca-time0", "2", "--cca-time1", "3",
                       "--skip-bias", "0.04", "--seed", "3", "--tokenizer-dir", tok, "--force", "--quiet"])
@@ -108,7 +108,7 @@ def main():
 
     # format version 2: native MXFP4 / FP8 experts (rows of 64, a multiple of MXFP4's 32), int8 elsewhere
     small = os.path.join(BUILD, "bench_small64")
-    rc, _, err = run(["python3", "bench/make_checkpoint.py", small, "--hidden", "64", "--layers", "2", "--heads", "4",
+    rc, _, err = run(["python3", "tools/make_checkpoint.py", small, "--hidden", "64", "--layers", "2", "--heads", "4",
                       "--kv-heads", "2", "--head-dim", "16", "--experts", "3", "--moe-intermediate", "64",
                       "--router-hidden", "16", "--vocab", "1000", "--seed", "3", "--tokenizer-dir", tok, "--force", "--quiet"])
     if check(rc == 0, "make_checkpoint: hidden 64 for the quantized experts", err[-500:]):

@@ -9,7 +9,7 @@ flip at a small reference margin is a near-tie and the rows it explains are repo
 flip", one at a large margin is a BUG (exit 1); an unrelated divergence next to a near-tie flip is still
 found; int8 mode gates on cosine; full logits vs a top-k reference; missing folder, corrupt .npy, bad
 index.json, shape mismatch and different prompts give exit 2 with a message and no traceback.
-Fixture: test/fixture_to_dump.py converts golden/ and golden_zyphra/; golden vs itself agrees; golden_zyphra
+Fixture: tools/fixture_to_dump.py converts golden/ and golden_zyphra/; golden vs itself agrees; golden_zyphra
 vs golden names the first divergence at the MoE output of the first token routed to the skip expert
 (the earliest position, and at it the first layer, from router_indices.npy) and says it is expected
 from the different skip_expert modes. A missing fixture is a FAIL, never a skip.
@@ -253,7 +253,7 @@ def fixture_checks(tmp):
         return
     g, z = os.path.join(tmp, "golden"), os.path.join(tmp, "golden_zyphra")
     for src, out in ((os.path.join(fx, "golden"), g), (os.path.join(fx, "golden_zyphra"), z)):
-        rc, o, e = run("test/fixture_to_dump.py", src, out)
+        rc, o, e = run("tools/fixture_to_dump.py", src, out)
         check(rc == 0 and os.path.exists(os.path.join(out, "index.json")), f"fixture_to_dump.py {os.path.basename(src)}",
               f"exit {rc}: {(o + e)[-400:]}")
     with open(os.path.join(g, "index.json")) as f:

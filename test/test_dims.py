@@ -6,7 +6,7 @@
 1. The reference itself (test/ref_forward.py, written from the spec, not from zaya.c) is first checked
    against the official goldens of test/fixtures: native + skip zero vs golden/, legacy +
    skip passthrough vs golden_zyphra/ (layer outputs, router indices, final norm, top-16 logits).
-2. Small checkpoints with odd dimensions are generated with bench/make_checkpoint.py in both hub
+2. Small checkpoints with odd dimensions are generated with tools/make_checkpoint.py in both hub
    layouts (native and legacy), exported with export_weights.py, run with ./zaya --dump and with
    ref_forward.py, and every tensor both dumps hold is compared: relative L2 <= 1e-5 (denominator at
    least 1e-2 * sqrt(n), a floor for near-zero tensors), integer tensors (router indices) identical.
@@ -20,7 +20,7 @@
    Config d: odd KV heads (3), attention_bias and lm_head_bias in both layouts; config f (native only:
    the legacy schema has one rotary fraction): one KV head, per-type partial rotary and theta.
 3. Prompts shorter than the conv state, greedy decoding (above).
-4. The ZAYA1-base schema (bench/make_checkpoint.py --layout base): against ref_forward.py (router norm
+4. The ZAYA1-base schema (tools/make_checkpoint.py --layout base): against ref_forward.py (router norm
    epsilon 1e-6, the fork's default), and with layernorm_epsilon = norm_epsilon the same tensors, config
    and bit-identical logits as the native checkpoint of the same seed.
 5. A window of 257 keys over a 300-token prompt (the ring wraps across two prefill batches), both layouts.
@@ -281,7 +281,7 @@ def main():
     layouts.update({name: ("native",) for name, _, _ in NATIVE_ONLY})
     for name, flags, _ in CONFIGS + NATIVE_ONLY:
         for lay in layouts[name]:
-            gen.append(["python3", "bench/make_checkpoint.py", os.path.join(OUT, f"{name}_{lay}"), "--layout", lay,
+            gen.append(["python3", "tools/make_checkpoint.py", os.path.join(OUT, f"{name}_{lay}"), "--layout", lay,
                         *flags, "--tokenizer-dir", TOKSMALL, "--force", "--quiet"])
             exp.append(["python3", "export_weights.py", os.path.join(OUT, f"{name}_{lay}"),
                         os.path.join(OUT, f"{name}_{lay}.bin"), "--chat-format", "none"])
@@ -412,7 +412,7 @@ def long_window(tok):
     ids = [(7 * i * i + 3 * i + 2) % 1000 for i in range(300)]
     dims = "long window: " + " ".join(f.lstrip("-") for f in LONG_FLAGS)
     ck = {lay: os.path.join(OUT, f"long_{lay}") for lay in ("native", "legacy")}
-    res = run_all([["python3", "bench/make_checkpoint.py", ck[lay], "--layout", lay, *LONG_FLAGS, "--tokenizer-dir", tok,
+    res = run_all([["python3", "tools/make_checkpoint.py", ck[lay], "--layout", lay, *LONG_FLAGS, "--tokenizer-dir", tok,
                     "--force", "--quiet"] for lay in ck])
     res += run_all([["python3", "export_weights.py", ck[lay], ck[lay] + ".bin", "--chat-format", "none"] for lay in ck])
     if not check(all(r[0] == 0 for r in res), "long window: generate and export both layouts",
@@ -436,7 +436,7 @@ def base_schema(tok):
     ck = {k: os.path.join(OUT, f"base_{k}") for k in ("base", "base_eps", "native")}
     extra = {"base": ["--layout", "base"], "base_eps": ["--layout", "base", "--base-layernorm-epsilon", "1e-05"],
              "native": ["--layout", "native"]}
-    res = run_all([["python3", "bench/make_checkpoint.py", ck[k], *BASE_FLAGS, *extra[k], "--tokenizer-dir", tok,
+    res = run_all([["python3", "tools/make_checkpoint.py", ck[k], *BASE_FLAGS, *extra[k], "--tokenizer-dir", tok,
                     "--force", "--quiet"] for k in ck])
     res += run_all([["python3", "export_weights.py", ck[k], ck[k] + ".bin", "--chat-format", "none"] for k in ck])
     if not check(all(r[0] == 0 for r in res), "ZAYA1-base schema: generate and export (base, base with "
@@ -478,7 +478,7 @@ def preset_74b():
     import export_weights as ew
     for lay, layers in (("native", 2), ("legacy", 60), ("base", 1)):     # legacy: the whole 120 half-layers
         out = os.path.join(OUT, f"p74b_{lay}")
-        rc, _, err = one(["python3", "bench/make_checkpoint.py", out, "--preset", "74b", "--layers", str(layers),
+        rc, _, err = one(["python3", "tools/make_checkpoint.py", out, "--preset", "74b", "--layers", str(layers),
                           "--layout", lay, "--dry-run", "--tokenizer-dir", "none", "--force", "--quiet"]
                          + (["--layer-types", "hybrid"] if lay == "base" else []))
         if not check(rc == 0, f"make_checkpoint --preset 74b --layers {layers} --layout {lay} --dry-run", err[-500:]):

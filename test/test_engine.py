@@ -131,7 +131,7 @@ def compare(test_dir, ref_dir):
 refs = {}
 for golden in ("golden", "golden_zyphra"):
     refs[golden] = os.path.join(BUILD, f"ref_{golden}")
-    rc, _, err = run(["python3", "test/fixture_to_dump.py", os.path.join(FX, golden), refs[golden]])
+    rc, _, err = run(["python3", "tools/fixture_to_dump.py", os.path.join(FX, golden), refs[golden]])
     check(rc == 0, f"fixture_to_dump.py {golden}", err.strip()[-300:])
 for d, golden in ((d_up, "golden"), (d_zf, "golden_zyphra")):
     rc, out, first = compare(d, refs[golden])

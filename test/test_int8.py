@@ -97,7 +97,7 @@ check(rc == 0 and read_npy(os.path.join(d_t2, "logits.npy"))[1] == a,
 def interleaved_rows_case():
     tok = small_tokenizer(tokenizer_dir(), os.path.join(BUILD, "interleave_tokenizer_1000"))
     ckpt = os.path.join(BUILD, "interleave_ckpt")
-    rc, _, err = run(["python3", "bench/make_checkpoint.py", ckpt, "--hidden", "512", "--layers", "2", "--heads", "4",
+    rc, _, err = run(["python3", "tools/make_checkpoint.py", ckpt, "--hidden", "512", "--layers", "2", "--heads", "4",
                       "--kv-heads", "2", "--head-dim", "128", "--experts", "3", "--moe-intermediate", "512",
                       "--router-hidden", "16", "--vocab", "997", "--seed", "5", "--skip-bias", "0.04",
                       "--tokenizer-dir", tok, "--force", "--quiet"])
@@ -141,5 +141,5 @@ def weight_bytes(blob):     # the file without its tokenizer section (header off
 ratio = os.path.getsize(q8_blob) / os.path.getsize(fp32_blob)
 wratio = weight_bytes(q8_blob) / weight_bytes(fp32_blob)
 print(f"   int8 / fp32 blob size: {ratio:.3f} whole files, {wratio:.3f} without the 29 MB tokenizer section "
-      "(the fixture's float32 conv weights are a large share of so small a model; ZAYA1-8B, both with the tokenizer, group size 64: 9.54 / 35.39 GB = 0.270, measured with bench/make_checkpoint.py)")
+      "(the fixture's float32 conv weights are a large share of so small a model; ZAYA1-8B, both with the tokenizer, group size 64: 9.54 / 35.39 GB = 0.270, measured with tools/make_checkpoint.py)")
 finish()

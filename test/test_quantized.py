@@ -3,7 +3,7 @@
 
     make zaya && python3 test/test_quantized.py
 
-A small bf16 checkpoint (bench/make_checkpoint.py: hidden 64, expert width 64, 3 experts, 2 layers,
+A small bf16 checkpoint (tools/make_checkpoint.py: hidden 64, expert width 64, 3 experts, 2 layers,
 vocab 1000; 64 is a multiple of MXFP4's 32-input groups, the compact fixture's 16 and 24 are not) is
 quantized by test/make_quantized_checkpoint.py, which also writes the same model with its experts
 replaced by its own unpacking of the quantized values (the bf16 weights the official code
@@ -98,7 +98,7 @@ def main():
     base = {}
     for lay in ("native", "legacy"):
         base[lay] = os.path.join(OUT, f"base_{lay}")
-        sh(["python3", "bench/make_checkpoint.py", base[lay], "--layout", lay, *DIMS, "--tokenizer-dir", tok,
+        sh(["python3", "tools/make_checkpoint.py", base[lay], "--layout", lay, *DIMS, "--tokenizer-dir", tok,
             "--force", "--quiet"], f"make_checkpoint.py ({lay}, hidden 64, expert width 64)")
     base_blob = os.path.join(OUT, "base.bin")
     sh(["python3", "export_weights.py", base["native"], base_blob, "--chat-format", "none", "--dtype", "bf16"],

@@ -2,7 +2,7 @@
 """test_trace.py - `./zaya --trace POS` prints the same numbers as `--dump`, and its explanations are right.
 
 On the compact fixture (test/fixtures, exported to build/test/trace_native.bin) and on a checkpoint of other dimensions
-(bench/make_checkpoint.py: 6 query / 2 KV heads of 32, CCA kernels 3+2, 3 experts, window 3, vocab 1000;
+(tools/make_checkpoint.py: 6 query / 2 KV heads of 32, CCA kernels 3+2, 3 experts, window 3, vocab 1000;
 build/test/trace_odd.bin), for several positions (the first, one inside and one after the sliding
 window, the last):
   - every step line (name, shape, L2 norm, min, max, first 4 values) equals the --dump row of that
@@ -276,7 +276,7 @@ def main():
 
     odd_dir = os.path.join(BUILD, "trace_odd_ckpt")
     odd = os.path.join(BUILD, "trace_odd.bin")
-    rc, _, err = run([sys.executable, "bench/make_checkpoint.py", odd_dir, "--hidden", "96", "--layers", "3", "--heads", "6",
+    rc, _, err = run([sys.executable, "tools/make_checkpoint.py", odd_dir, "--hidden", "96", "--layers", "3", "--heads", "6",
                       "--kv-heads", "2", "--head-dim", "32", "--experts", "3", "--moe-intermediate", "40",
                       "--router-hidden", "24", "--vocab", "1000", "--layer-types", "hybrid,hybrid_sliding",
                       "--sliding-window", "3", "--cca-time0", "3", "--tokenizer-dir", tokdir, "--force", "--quiet"])

@@ -9,7 +9,7 @@
  *
  * Build with clang (libFuzzer), from the repo root:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -std=c11 -I. \
- *       test/fuzz/fuzz_blob.c zaya.c kernels.c tokenizer.c trace.c -pthread -lm -o build/fuzz_blob
+ *       test/fuzz/fuzz_blob.c zaya.c blob.c kernels.c tokenizer.c trace.c -pthread -lm -o build/fuzz_blob
  * Without clang, test/fuzz/replay.c runs the same entry point over files (see test/fuzz/README.md).
  */
 #define _GNU_SOURCE

@@ -2,7 +2,7 @@
  * the regression files and seed corpora are checked with plain gcc (+ ASan/UBSan) by `make test`.
  *
  *   gcc -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -std=c11 -I. \
- *       test/fuzz/replay.c test/fuzz/fuzz_blob.c zaya.c kernels.c tokenizer.c trace.c -pthread -lm -o build/replay_blob
+ *       test/fuzz/replay.c test/fuzz/fuzz_blob.c zaya.c blob.c kernels.c tokenizer.c trace.c -pthread -lm -o build/replay_blob
  *   build/replay_blob test/fuzz/regressions/fuzz_blob build/fuzz_blob_seeds
  *
  * Arguments are files or folders (every regular file inside, not recursive). Prints one line per

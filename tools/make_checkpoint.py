@@ -28,14 +28,14 @@ The random offsets come from a generator seeded by (seed, native tensor name, ex
 same --seed gives the same numbers in both layouts, whatever the shard size.
 
 Usage:
-  python3 bench/make_checkpoint.py OUT_DIR                          # ZAYA1-8B, native, seed 0
-  python3 bench/make_checkpoint.py OUT_DIR --layout legacy --seed 7
-  python3 bench/make_checkpoint.py OUT_DIR --hidden 96 --layers 3 --heads 6 --kv-heads 2 \\
+  python3 tools/make_checkpoint.py OUT_DIR                          # ZAYA1-8B, native, seed 0
+  python3 tools/make_checkpoint.py OUT_DIR --layout legacy --seed 7
+  python3 tools/make_checkpoint.py OUT_DIR --hidden 96 --layers 3 --heads 6 --kv-heads 2 \\
       --head-dim 32 --experts 3 --moe-intermediate 80 --router-hidden 24 \\
       --layer-types hybrid_sliding,hybrid --sliding-window 5
-  python3 bench/make_checkpoint.py OUT_DIR --preset 74b --layers 2  # a full-width 74B slice (7.06 GB)
-  python3 bench/make_checkpoint.py OUT_DIR --verify                 # re-read and check a folder
-  python3 bench/make_checkpoint.py --selftest                       # small native vs legacy check
+  python3 tools/make_checkpoint.py OUT_DIR --preset 74b --layers 2  # a full-width 74B slice (7.06 GB)
+  python3 tools/make_checkpoint.py OUT_DIR --verify                 # re-read and check a folder
+  python3 tools/make_checkpoint.py --selftest                       # small native vs legacy check
 
 Standard library only.
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """golden_hf.py - dump the official transformers ZAYA forward pass in our golden-dump format.
 
-    python3 test/golden_hf.py CKPT_DIR (--ids 2,818,... | --prompt TEXT) --out DIR [--mode decode|prefill]
+    python3 tools/golden_hf.py CKPT_DIR (--ids 2,818,... | --prompt TEXT) --out DIR [--mode decode|prefill]
 
 Loads transformers' ZayaForCausalLM from a native hub checkpoint folder in float32 with eager attention,
 registers forward hooks on the modules whose outputs we dump, runs the prompt and writes DIR/index.json
@@ -335,7 +335,7 @@ def main(argv=None):
     except OSError:
         pass
     meta = {
-        "producer": {"program": "test/golden_hf.py (transformers ZayaForCausalLM)",
+        "producer": {"program": "tools/golden_hf.py (transformers ZayaForCausalLM)",
                      "version": transformers.__version__, "commit": commit, "torch": torch.__version__},
         "model": {"path": os.path.abspath(args.ckpt), "source_layout": "native"},
         "weight_format": {"dtype": "fp32", "group_size": 0, "note": "checkpoint loaded with dtype=torch.float32"},

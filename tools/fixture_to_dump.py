@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """fixture_to_dump.py - convert a fixture golden folder (test/fixtures/golden, golden_zyphra) into a compare.py dump.
 
-    python3 test/fixture_to_dump.py FIXTURE_GOLDEN_DIR OUT_DIR
+    python3 tools/fixture_to_dump.py FIXTURE_GOLDEN_DIR OUT_DIR
 
 FIXTURE_GOLDEN_DIR is `golden/` (the upstream transformers code: native module paths under taps/) or
 `golden_zyphra/` (Zyphra's legacy fork: half-layer module paths, even 2i = attention of layer i, odd
@@ -356,7 +356,7 @@ class Converter:
         fx = self.fixture_index
         prod = fx.get("producer", {}).get("golden" if self.layout == "native" else "golden_zyphra", {})
         meta = {
-            "producer": {"program": "test/fixture_to_dump.py", "version": "1",
+            "producer": {"program": "tools/fixture_to_dump.py", "version": "1",
                          "commit": prod.get("commit"), "reference": prod.get("code")},
             "model": {"path": os.path.abspath(self.src), "source_layout": self.layout,
                       "checkpoint": "checkpoint_native" if self.layout == "native" else "checkpoint_legacy"},
