@@ -1,6 +1,7 @@
 /* kernels.h - the fast path of zaya.c: matrix products, attention, threads, huge pages.
  *
- * zaya.c (the model) calls these; it never sees SIMD, threads or storage layouts. Each fast kernel
+ * zaya.c (the model) calls these; it never sees SIMD, threads or a matrix's storage layout (blob.c
+ * binds each tensor to a ZayaMatrix, tensor.h; kernels.c reads its values). Each fast kernel
  * has a plain-loop reference twin (*_ref) that test/test_kernels.c compares it with. The fast
  * kernels give the same bits for any thread count and any number of tokens per call.
  */

@@ -228,7 +228,7 @@ static void explain_value(const ZayaTrace *t) {
     const ZayaConfig *c = &t->m->config;
     const int half = c->num_kv_heads / 2, vhalf = c->num_kv_heads * c->head_dim / 2;
     char cur[48], del[48];
-    if (c->num_kv_heads % 2)   /* odd: the middle head straddles the two halves (architecture.md 3.6) */
+    if (c->num_kv_heads % 2)   /* odd: the middle head straddles the two halves (architecture.md 3.7) */
         snprintf(cur, sizeof cur, "channels 0..%d", vhalf - 1), snprintf(del, sizeof del, "channels %d..%d", vhalf, 2 * vhalf - 1);
     else if (half == 1) snprintf(cur, sizeof cur, "KV head 0");
     else snprintf(cur, sizeof cur, "KV heads 0..%d", half - 1);

@@ -1,13 +1,13 @@
-/* zaya.c - ZAYA1 inference in plain C: the blob loader and the forward pass.
+/* zaya.c - the ZAYA1 model in plain C: its steps and forward().
  *
  * Read it top to bottom beside docs/architecture.md ("arch §n"); the upstream code it mirrors is
  * Hugging Face transformers' src/transformers/models/zaya/modeling_zaya.py ("HF"):
- *   1. helpers: errors, RMSNorm, the residual scaling
- *   2. loading and validating the blob (docs/blob-format.md)
- *   3. the decoding state (arch §4)
- *   4. forward(): every token of every mode, in the order of arch §3
- * The matrix products and attention are calls into kernels.c (threads, SIMD and storage layouts
- * live there); sampling, dumps and the command line are in main.c.
+ *   1. the activations of a batch, and how a step reports them (taps)
+ *   2. the steps, in the order of arch §3, each named after the HF module it mirrors
+ *   3. forward(): the table of contents, one call per step
+ *   4. the decoding state (arch §4) and the public entry points
+ * Loading the blob is blob.c; matrix products and attention are calls into kernels.c (threads,
+ * SIMD and storage layouts live there); sampling, dumps and the command line are in main.c.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "zaya.h"
@@ -20,66 +20,471 @@
 #include <string.h>
 
 /* ---------------------------------------------------------------------------------------------
- * 1. Helpers
+ * 1. The activations of a batch, and taps
+ *
+ * forward() runs n <= ZAYA_BATCH tokens at positions pos .. pos+n-1 at once: row t of every
+ * buffer below belongs to token t, so each weight matrix is read once for the n tokens. Symbols
+ * are arch §3's: H hidden, nq/nkv query/KV heads of d, C = (nq+nkv)*d, R router width, E experts.
  * ------------------------------------------------------------------------------------------- */
 
-/* RMSNorm(x; w) = w * (x / sqrt(mean(x^2) + eps)), HF ZayaRMSNorm.forward (weight not 1+w). */
-static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+typedef struct ZayaActivations {
+    float *e;                   /* embedding rows [B, H] (§3.1) */
+    float *r;                   /* the residual stream [B, H] (§3.1, 3.12, 3.16) */
+    float *h;                   /* the normalized input of a block [B, H] (§3.2, 3.13, 3.17) */
+    float *u;                   /* [q_proj h ; k_proj h] = the convolutions' input [B, C] (§3.3) */
+    float *conv_seq;            /* the conv state, then u: u_{-K} .. u_{n-1} [K + B, C] (§3.4) */
+    float *conv_a;              /* depthwise outputs a_{-(t1-1)} .. a_{n-1} [t1 - 1 + B, C] */
+    float *conv_cols;           /* a_{t-t1+1} .. a_t of each token, in the grouped weights' order [B, C * t1] */
+    float *z;                   /* grouped conv outputs [B, C] */
+    float *q_res, *k_res;       /* the residual mix [B, nq*d], [B, nkv*d] (§3.5) */
+    float *q, *key;             /* queries and keys [B, nq*d], [B, nkv*d] (§3.6, normalized and rotated in place) */
+    float *v, *vd;              /* values [B, nkv*d]; v_proj_delayed of each token [B, nkv*d/2] (§3.7) */
+    float *rope_cos, *rope_sin; /* one position's RoPE tables [rot/2] (§3.9) */
+    float *att;                 /* one token's attention probabilities [nq, keys <= ctx] (§3.10) */
+    float *attn_out;            /* [B, nq*d] */
+    float *branch;              /* a block's output before the residual scaling [B, H] (§3.11, 3.15) */
+    float *router_down, *router_state, *router_normed, *router_fc1, *router_fc2;   /* [B, R] (§3.14) */
+    float *router_logits, *router_probs, *router_scores;                          /* [B, E+1] */
+    float *expert_weight;       /* the chosen class's weight [B] */
+    float *expert_in, *expert_hidden, *expert_out;   /* the tokens of one expert [B, H], [B, 2I], [B, H] (§3.15) */
+    int *expert;                /* the chosen router class [B] (E = skip) */
+} Activations;
+
+/* What a step works on besides its tensors: n tokens at positions pos .. pos+n-1 of layer `layer`
+ * (-1 before and after the layers), the kernels, scratch and the tap. */
+typedef struct {
+    const ZayaConfig *c;
+    Activations *act;
+    Kernels *kern;
+    ZayaTapFn tap;              /* NULL: no taps */
+    void *tap_ctx;
+    int layer, pos, n;
+} Batch;
+
+/* Reports a step's output to the tap (--dump, --trace) under its HF module path: row t, `stride`
+ * floats after row t-1, is the tensor [d0] (d1 = 0) or [d0, d1] of position pos + t. */
+static void tap(const Batch *b, const char *name, const float *x, int stride, int d0, int d1) {
+    for (int t = 0; b->tap && t < b->n; t++) {
+        const ZayaTap row = {name, b->layer, b->pos + t, 0, d1 ? 2 : 1, {d0, d1}, x + (size_t)t * stride, 0};
+        b->tap(b->tap_ctx, &row);
+    }
 }
 
-/* (branch + hb) * hs + (residual + rb) * rs, into residual (HF ZayaResidualScaling.forward). */
-static void residual_scale(float *residual, const float *branch, const ZayaResidualScale *p, int n) {
-    for (int i = 0; i < n; i++)
-        residual[i] = (branch[i] + p->hidden_states_bias[i]) * p->hidden_states_scale[i] +
-                      (residual[i] + p->residual_bias[i]) * p->residual_scale[i];
+/* The same for one number per token (shape []): int32 or float. */
+static void tap_scalars(const Batch *b, const char *name, const void *x, int is_int) {
+    for (int t = 0; b->tap && t < b->n; t++) {
+        const void *at = is_int ? (const void *)((const int *)x + t) : (const void *)((const float *)x + t);
+        const ZayaTap row = {name, b->layer, b->pos + t, is_int, 0, {0, 0}, at, 0};
+        b->tap(b->tap_ctx, &row);
+    }
 }
-
 
 /* ---------------------------------------------------------------------------------------------
- * 3. The decoding state (arch §4)
+ * 2. The steps (arch §3). Each runs all n tokens of the batch and reports its outputs.
+ * ------------------------------------------------------------------------------------------- */
+
+static float gelu(float x) { return x * 0.5f * (1.0f + erff(x * 0.70710678118654752440f)); }   /* exact (erf) GELU */
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* y[t] += bias for the n rows of y (stride floats apart), `len` values each. */
+static void add_bias(float *y, int stride, const float *bias, int len, int n) {
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < len; i++) y[(size_t)t * stride + i] += bias[i];
+}
+
+/* §3.1 HF ZayaModel.forward: e = embed_tokens[id]; r = (e + input_hidden_states_bias) *
+ * input_hidden_states_scale, no sqrt(H) factor. ids [n] -> r [n, H] */
+static void embed(const Batch *b, const ZayaModel *m, const int *tokens, float *e, float *r) {
+    const int H = b->c->hidden_size;
+    for (int t = 0; t < b->n; t++) matrix_row(&m->embed_tokens, tokens[t], e + (size_t)t * H);
+    tap(b, "model.embed_tokens", e, H, H, 0);
+    for (int t = 0; t < b->n; t++)
+        for (int i = 0; i < H; i++)
+            r[(size_t)t * H + i] = (e[(size_t)t * H + i] + m->input_hidden_states_bias[i]) * m->input_hidden_states_scale[i];
+    tap(b, "model:input_scaled", r, H, H, 0);
+}
+
+/* §3.2 (and 3.13, 3.14, 3.17) HF ZayaRMSNorm: out = w * (x / sqrt(mean(x^2) + eps)), the weight
+ * itself (not 1+w). [n, dim] -> [n, dim] */
+static void rmsnorm(const Batch *b, const char *name, float *out, const float *x, const float *w, int dim, float eps) {
+    for (int t = 0; t < b->n; t++) {
+        const float *xt = x + (size_t)t * dim;
+        float *o = out + (size_t)t * dim, ss = 0.0f;
+        for (int i = 0; i < dim; i++) ss += xt[i] * xt[i];
+        const float inv_rms = 1.0f / sqrtf(ss / (float)dim + eps);
+        for (int i = 0; i < dim; i++) o[i] = w[i] * (xt[i] * inv_rms);
+    }
+    tap(b, name, out, dim, dim, 0);
+}
+
+/* HF nn.Linear: y = W x (+ bias) for each token. [n, W.cols] -> [n, W.rows] */
+static void linear(const Batch *b, const char *name, float *y, const ZayaMatrix *w, const float *bias, const float *x) {
+    matmul(b->kern, y, w->rows, w, x, w->cols, b->n);
+    if (bias) add_bias(y, w->rows, bias, w->rows, b->n);
+    tap(b, name, y, w->rows, w->rows, 0);
+}
+
+/* §3.3 HF ZayaCCAProjection: q~ = q_proj h, k~ = k_proj h (+ biases), side by side: u = [q~ ; k~].
+ * [n, H] -> [n, C] */
+static void cca_projections(const Batch *b, const ZayaLayer *L, const float *h, float *u) {
+    const int QD = L->q_proj.rows, KD = L->k_proj.rows, C = QD + KD;
+    const MatmulOut out[2] = {{&L->q_proj, u, C}, {&L->k_proj, u + QD, C}};
+    matmuls(b->kern, out, 2, h, L->q_proj.cols, b->n);   /* two products of h in one call */
+    if (L->q_proj_bias) add_bias(u, C, L->q_proj_bias, QD, b->n);
+    if (L->k_proj_bias) add_bias(u + QD, C, L->k_proj_bias, KD, b->n);
+    tap(b, "self_attn.qkv_proj.q_proj", u, C, QD, 0);
+    tap(b, "self_attn.qkv_proj.k_proj", u + QD, C, KD, 0);
+}
+
+/* §3.4 HF ZayaCCAProjection: the two causal convolutions over the sequence of u, which starts with
+ * the K = (t0-1)+(t1-1) inputs before the batch (the conv state: zeros before position 0):
+ *   depthwise (conv_qk_depthwise, kernel t0): a_j[c] = b0[c] + sum_m w0[c,0,m] u_{j-t0+1+m}[c]
+ *   grouped   (conv_qk_grouped, kernel t1, a group of d channels per head, o in head g's group):
+ *             z_t[o] = b1[o] + sum_k sum_i w1[o,i,k] a_{t-t1+1+k}[g*d + i]
+ * The conv state then keeps the last K inputs, raw. u [n, C] -> z [n, C] */
+static void cca_convolutions(const Batch *b, const ZayaLayer *L, float *conv_state, const float *u, float *z) {
+    const ZayaConfig *c = b->c;
+    const int n = b->n, d = c->head_dim, C = (c->num_heads + c->num_kv_heads) * d;
+    const int t0 = c->cca_time0, t1 = c->cca_time1, K = (t0 - 1) + (t1 - 1);
+    float *seq = b->act->conv_seq, *a = b->act->conv_a, *cols = b->act->conv_cols;
+    memcpy(seq, conv_state, sizeof(float) * (size_t)K * C);            /* u_j is row K + j of seq */
+    memcpy(seq + (size_t)K * C, u, sizeof(float) * (size_t)n * C);
+    for (int j = -(t1 - 1); j < n; j++)                                  /* a_j is row t1 - 1 + j of a */
+        for (int ch = 0; ch < C; ch++) {
+            float sum = L->conv_qk_depthwise_bias[ch];
+            for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * seq[(size_t)(K + j - t0 + 1 + m) * C + ch];
+            a[(size_t)(t1 - 1 + j) * C + ch] = sum;
+        }
+    tap(b, "self_attn.qkv_proj.conv_qk_depthwise", a + (size_t)(t1 - 1) * C, C, C, 0);
+    for (int t = 0; t < n; t++)                                          /* token t's a_{t-t1+1+k}[ch] at [ch * t1 + k] */
+        for (int ch = 0; ch < C; ch++)
+            for (int k = 0; k < t1; k++) cols[((size_t)t * C + ch) * t1 + k] = a[(size_t)(t + k) * C + ch];
+    const ZayaMatrix grouped = {.dtype = ZAYA_F32, .rows = C, .cols = d * t1, .data = L->conv_qk_grouped_weight};
+    matmul_grouped(b->kern, z, C, &grouped, C / d, cols, C * t1, n);     /* torch's Conv1d(groups = nq + nkv) as one product */
+    add_bias(z, C, L->conv_qk_grouped_bias, C, n);
+    tap(b, "self_attn.qkv_proj.conv_qk_grouped", z, C, C, 0);
+    memcpy(conv_state, seq + (size_t)n * C, sizeof(float) * (size_t)K * C);   /* u_{n-K} .. u_{n-1} */
+}
+
+/* §3.5 HF ZayaCCAProjection, the residual mix: q_res[n] = (q~[n] + k~[n/g]) / 2 for query head n,
+ * k_res[j] = the mean of q_res over KV head j's g query heads. u [n, C] -> [n, nq, d], [n, nkv, d] */
+static void residual_mix(const Batch *b, const float *u, float *q_res, float *k_res) {
+    const int d = b->c->head_dim, nq = b->c->num_heads, nkv = b->c->num_kv_heads, g = nq / nkv, C = (nq + nkv) * d;
+    for (int t = 0; t < b->n; t++) {
+        const float *q_tilde = u + (size_t)t * C, *k_tilde = q_tilde + (size_t)nq * d;
+        float *qr = q_res + (size_t)t * nq * d, *kr = k_res + (size_t)t * nkv * d;
+        for (int head = 0; head < nq; head++)
+            for (int i = 0; i < d; i++) qr[head * d + i] = (q_tilde[head * d + i] + k_tilde[(head / g) * d + i]) * 0.5f;
+        for (int j = 0; j < nkv; j++)
+            for (int i = 0; i < d; i++) {
+                float sum = 0.0f;
+                for (int r = 0; r < g; r++) sum += qr[(j * g + r) * d + i];
+                kr[j * d + i] = sum / (float)g;
+            }
+    }
+    tap(b, "self_attn.qkv_proj:query_residual", q_res, nq * d, nq, d);
+    tap(b, "self_attn.qkv_proj:key_residual", k_res, nkv * d, nkv, d);
+}
+
+/* §3.6 q = z[query channels] + q_res, k = z[key channels] + k_res (HF qkv_proj outputs 0 and 1).
+ * -> [n, nq, d], [n, nkv, d] */
+static void qk_assembly(const Batch *b, const float *z, const float *q_res, const float *k_res, float *q, float *key) {
+    const int d = b->c->head_dim, QD = b->c->num_heads * d, KD = b->c->num_kv_heads * d, C = QD + KD;
+    for (int t = 0; t < b->n; t++) {
+        for (int i = 0; i < QD; i++) q[(size_t)t * QD + i] = z[(size_t)t * C + i] + q_res[(size_t)t * QD + i];
+        for (int i = 0; i < KD; i++) key[(size_t)t * KD + i] = z[(size_t)t * C + QD + i] + k_res[(size_t)t * KD + i];
+    }
+    tap(b, "self_attn.qkv_proj:query", q, QD, b->c->num_heads, d);
+    tap(b, "self_attn.qkv_proj:key", key, KD, b->c->num_kv_heads, d);
+}
+
+/* §3.7 HF ZayaCCAProjection, the values: v_t = [v_proj_current h_t ; v_proj_delayed h_{t-1}] (+ biases),
+ * viewed as [nkv, d] (with an odd nkv the middle head is half current, half delayed). The delayed
+ * value carries v_proj_delayed h_{t-1} from token to token. h [n, H] -> v [n, nkv, d] */
+static void values(const Batch *b, const ZayaLayer *L, float *delayed_value, const float *h, float *v, float *vd) {
+    const int half = L->v_proj_current.rows, VD = 2 * half;
+    const MatmulOut out[2] = {{&L->v_proj_current, v, VD}, {&L->v_proj_delayed, vd, half}};
+    matmuls(b->kern, out, 2, h, L->v_proj_current.cols, b->n);           /* two products of h in one call */
+    if (L->v_proj_current_bias) add_bias(v, VD, L->v_proj_current_bias, half, b->n);
+    if (L->v_proj_delayed_bias) add_bias(vd, half, L->v_proj_delayed_bias, half, b->n);
+    tap(b, "self_attn.qkv_proj.v_proj_current", v, VD, half, 0);
+    tap(b, "self_attn.qkv_proj.v_proj_delayed", vd, half, half, 0);
+    for (int t = 0; t < b->n; t++) {   /* token after token: the previous token's delayed value, then its own */
+        memcpy(v + (size_t)t * VD + half, delayed_value, sizeof(float) * (size_t)half);
+        memcpy(delayed_value, vd + (size_t)t * half, sizeof(float) * (size_t)half);
+    }
+    tap(b, "self_attn.qkv_proj:value", v, VD, b->c->num_kv_heads, b->c->head_dim);
+}
+
+/* Each of `heads` heads of x scaled to norm sqrt(d) (the norm clamped at FLT_EPSILON), times temp[n]
+ * if given (HF ZayaQKNorm.forward on one tensor). */
+static void normalize_heads(float *x, int heads, int d, const float *temp) {
+    const float sqrt_d = sqrtf((float)d);
+    for (int n = 0; n < heads; n++) {
+        float *v = x + (size_t)n * d, ss = 0.0f;
+        for (int i = 0; i < d; i++) ss += v[i] * v[i];
+        const float scale = sqrt_d / fmaxf(sqrtf(ss), FLT_EPSILON);
+        for (int i = 0; i < d; i++) v[i] = v[i] * scale * (temp ? temp[n] : 1.0f);
+    }
+}
+
+/* §3.8 HF ZayaQKNorm: queries and keys L2-normalized per head to norm sqrt(d); keys also times
+ * qk_norm temp[j]. In place, [n, nq, d] and [n, nkv, d] */
+static void qk_norm(const Batch *b, float *q, float *key, const float *temp) {
+    const int d = b->c->head_dim, nq = b->c->num_heads, nkv = b->c->num_kv_heads;
+    for (int t = 0; t < b->n; t++) {
+        normalize_heads(q + (size_t)t * nq * d, nq, d, NULL);
+        normalize_heads(key + (size_t)t * nkv * d, nkv, d, temp);
+    }
+    tap(b, "self_attn.qk_norm:query", q, nq * d, nq, d);
+    tap(b, "self_attn.qk_norm:key", key, nkv * d, nkv, d);
+}
+
+/* §3.9 HF ZayaRotaryEmbedding, apply_rotary_pos_emb: partial NeoX RoPE of the layer's type on dims
+ * [0, rot) of every query and key head, pairs (j, j + rot/2), inv_freq and angles in float32.
+ * In place, [n, nq, d] and [n, nkv, d] */
+static void rope(const Batch *b, int type, float *q, float *key) {
+    const ZayaConfig *c = b->c;
+    const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, rot = c->rope_dim[type], half = rot / 2;
+    float *cos_t = b->act->rope_cos, *sin_t = b->act->rope_sin;
+    for (int t = 0; t < b->n; t++) {
+        const int pos = b->pos + t;
+        for (int j = 0; j < half; j++) {
+            const float inv_freq = 1.0f / powf(c->rope_theta[type], (float)(2 * j) / (float)rot);
+            cos_t[j] = cosf((float)pos * inv_freq);
+            sin_t[j] = sinf((float)pos * inv_freq);
+        }
+        for (int head = 0; head < nq + nkv; head++) {
+            float *x = head < nq ? q + ((size_t)t * nq + head) * d : key + ((size_t)t * nkv + head - nq) * d;
+            for (int j = 0; j < half; j++) {
+                const float x0 = x[j], x1 = x[j + half];
+                x[j] = x0 * cos_t[j] - x1 * sin_t[j];
+                x[j + half] = x1 * cos_t[j] + x0 * sin_t[j];
+            }
+        }
+    }
+    tap(b, "self_attn:query_after_rope", q, nq * d, nq, d);
+    tap(b, "self_attn:key_after_rope", key, nkv * d, nkv, d);
+}
+
+/* §3.10 HF ZayaAttention, eager_attention_forward: token after token, its key and value join the KV
+ * cache (arch §4), then each query head n attends, with KV head n/g, over the keys first..pos:
+ * softmax(q . k * d^-1/2) . v (sliding layers: the last sliding_window positions).
+ * q [n, nq*d], key and v [n, nkv*d] -> [n, nq*d] */
+static void self_attention(const Batch *b, int type, ZayaLayerState *ls, const float *q, const float *key,
+                           const float *v, float *out) {
+    const ZayaConfig *c = b->c;
+    const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads;
+    const KvCache kv = {ls->key_cache, ls->value_cache, ls->cache_len, nkv, d};
+    for (int t = 0; t < b->n; t++) {
+        const int pos = b->pos + t;
+        for (int j = 0; j < nkv; j++) {
+            memcpy(ls->key_cache + kv_row(&kv, j, pos), key + ((size_t)t * nkv + j) * d, sizeof(float) * (size_t)d);
+            memcpy(ls->value_cache + kv_row(&kv, j, pos), v + ((size_t)t * nkv + j) * d, sizeof(float) * (size_t)d);
+        }
+        const int first = type == ZAYA_HYBRID_SLIDING && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
+        attention(b->kern, out + (size_t)t * nq * d, b->act->att, q + (size_t)t * nq * d, nq, &kv, first, pos);
+        if (b->tap) {   /* [nq, keys]: HF's attn_weights row without the masked zeros (ragged) */
+            const ZayaTap w = {"self_attn:attn_weights", b->layer, pos, 0, 2, {nq, pos - first + 1}, b->act->att, 1};
+            b->tap(b->tap_ctx, &w);
+        }
+    }
+    tap(b, "self_attn:attn_output", out, nq * d, nq * d, 0);
+}
+
+/* §3.12 and 3.16 HF ZayaResidualScaling: r = (branch + hidden_states_bias) * hidden_states_scale +
+ * (r + residual_bias) * residual_scale. In place on r [n, H] */
+static void residual_scaling(const Batch *b, const char *name, float *r, const float *branch, const ZayaResidualScale *p) {
+    const int H = b->c->hidden_size;
+    for (int t = 0; t < b->n; t++)
+        for (int i = 0; i < H; i++) {
+            const size_t at = (size_t)t * H + i;
+            r[at] = (branch[at] + p->hidden_states_bias[i]) * p->hidden_states_scale[i] + (r[at] + p->residual_bias[i]) * p->residual_scale[i];
+        }
+    tap(b, name, r, H, H, 0);
+}
+
+/* §3.14.2 EDA, exponential decay averaging over depth: rho = down + rho_prev * router_states_scale,
+ * rho_prev the previous layer's state of the same token; layer 0 (no scale) starts it. [n, R] */
+static void eda(const Batch *b, const float *states_scale, const float *down, float *rho) {
+    const int R = b->c->router_hidden;
+    for (size_t i = 0; i < (size_t)b->n * R; i++) rho[i] = states_scale ? down[i] + rho[i] * states_scale[i % R] : down[i];
+    tap(b, "mlp.gate:router_state", rho, R, R, 0);
+}
+
+/* §3.14.5-6 softmax over all E+1 classes, then top-1 of the probabilities plus balancing_biases
+ * (ties: the lowest class); the weight is the unbiased probability. [n, E+1] -> class, weight [n] */
+static void route(const Batch *b, const float *balancing_biases, const float *logits, float *probs, float *scores,
+                  int *expert, float *weight) {
+    const int E1 = b->c->num_experts + 1;
+    for (int t = 0; t < b->n; t++) {
+        float *p = probs + (size_t)t * E1, *score = scores + (size_t)t * E1;
+        memcpy(p, logits + (size_t)t * E1, sizeof(float) * (size_t)E1);
+        softmax(p, E1);
+        int best = 0;
+        for (int e = 0; e < E1; e++) {
+            score[e] = p[e] + balancing_biases[e];
+            if (score[e] > score[best]) best = e;
+        }
+        expert[t] = best;
+        weight[t] = p[best];
+    }
+    tap(b, "mlp.gate:router_probs", probs, E1, E1, 0);
+    tap(b, "mlp.gate:router_scores", scores, E1, E1, 0);
+    tap_scalars(b, "mlp.gate.router_indices", expert, 1);
+}
+
+/* §3.14 HF ZayaRouter (mlp.gate) and ZayaRouterMLP: down_proj, EDA, RMSNorm, fc1, GELU, fc2, GELU,
+ * out_proj, then the choice. rho carries the EDA state from layer to layer. h [n, H] -> class, weight [n] */
+static void router(const Batch *b, const ZayaLayer *L, const float *h, float *rho, int *expert, float *weight) {
+    Activations *act = b->act;
+    const size_t nR = (size_t)b->n * b->c->router_hidden;
+    linear(b, "mlp.gate.down_proj", act->router_down, &L->router_down_proj, L->router_down_proj_bias, h);
+    eda(b, L->router_states_scale, act->router_down, rho);
+    rmsnorm(b, "mlp.gate.router_mlp.norm", act->router_normed, rho, L->router_norm, b->c->router_hidden, b->c->router_norm_eps);
+    linear(b, "mlp.gate.router_mlp.fc1", act->router_fc1, &L->router_fc1, L->router_fc1_bias, act->router_normed);
+    for (size_t i = 0; i < nR; i++) act->router_fc1[i] = gelu(act->router_fc1[i]);
+    linear(b, "mlp.gate.router_mlp.fc2", act->router_fc2, &L->router_fc2, L->router_fc2_bias, act->router_fc1);
+    for (size_t i = 0; i < nR; i++) act->router_fc2[i] = gelu(act->router_fc2[i]);
+    linear(b, "mlp.gate.router_mlp", act->router_logits, &L->router_out_proj, NULL, act->router_fc2);   /* out_proj */
+    route(b, L->balancing_biases, act->router_logits, act->router_probs, act->router_scores, expert, weight);
+}
+
+/* §3.15 HF ZayaSparseMoeBlock, ZayaExperts (SwiGLU): y = weight * down_proj(SiLU(gate) * up) with
+ * [gate ; up] = gate_up_proj h of the chosen expert; each chosen expert runs once, on the tokens
+ * routed to it. The skip class (arch §6a): upstream a zero output and weight, Zyphra's fork
+ * (skip_mode ZAYA_SKIP_PASSTHROUGH) weight * h. h [n, H] -> y [n, H] */
+static void experts(const Batch *b, const ZayaLayer *L, int skip_mode, const float *h, const int *expert, float *weight,
+                    float *y) {
+    Activations *act = b->act;
+    const int H = b->c->hidden_size, E = b->c->num_experts, I = b->c->moe_intermediate;
+    for (int e = 0; e < E; e++) {
+        int idx[ZAYA_BATCH], cnt = 0;
+        for (int t = 0; t < b->n; t++)
+            if (expert[t] == e) {
+                memcpy(act->expert_in + (size_t)cnt * H, h + (size_t)t * H, sizeof(float) * (size_t)H);
+                idx[cnt++] = t;
+            }
+        if (!cnt) continue;   /* only the chosen experts' weights are read */
+        const ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, e * 2 * I, 2 * I), down = matrix_rows(&L->experts_down, e * H, H);
+        matmul(b->kern, act->expert_hidden, 2 * I, &gate_up, act->expert_in, H, cnt);
+        for (int j = 0; j < cnt; j++) {
+            float *gate = act->expert_hidden + (size_t)j * 2 * I, *up = gate + I;
+            for (int i = 0; i < I; i++) gate[i] = silu(gate[i]) * up[i];
+        }
+        matmul(b->kern, act->expert_out, H, &down, act->expert_hidden, 2 * I, cnt);
+        for (int j = 0; j < cnt; j++)
+            for (int i = 0; i < H; i++) y[(size_t)idx[j] * H + i] = weight[idx[j]] * act->expert_out[(size_t)j * H + i];
+    }
+    for (int t = 0; t < b->n; t++) {
+        if (expert[t] != E) continue;
+        if (skip_mode == ZAYA_SKIP_PASSTHROUGH)
+            for (int i = 0; i < H; i++) y[(size_t)t * H + i] = weight[t] * h[(size_t)t * H + i];
+        else {
+            weight[t] = 0.0f;
+            memset(y + (size_t)t * H, 0, sizeof(float) * (size_t)H);
+        }
+    }
+    tap_scalars(b, "mlp.gate:router_weight", weight, 0);
+    tap(b, "mlp.experts", y, H, H, 0);
+}
+
+/* With a tap (--dump) every token's logits: the LM head (the whole embedding) is read once for
+ * LOGIT_ROWS tokens. */
+#define LOGIT_ROWS 8
+
+/* §3.18 HF ZayaForCausalLM.lm_head, tied to embed_tokens: logits = embed_tokens f (+ lm_head bias).
+ * The last token's logits end in logits[0, V); with a tap, every token's are computed and reported.
+ * f [n, H] -> [V] */
+static void lm_head(const Batch *b, const ZayaModel *m, const float *f, float *logits) {
+    const int V = b->c->vocab_size, H = b->c->hidden_size;
+    for (int first = b->tap ? 0 : b->n - 1, rows = 0; first < b->n; first += rows) {
+        rows = b->n - first < LOGIT_ROWS ? b->n - first : LOGIT_ROWS;
+        matmul(b->kern, logits, V, &m->embed_tokens, f + (size_t)first * H, H, rows);
+        if (m->lm_head_bias) add_bias(logits, V, m->lm_head_bias, V, rows);
+        const Batch chunk = {b->c, b->act, b->kern, b->tap, b->tap_ctx, b->layer, b->pos + first, rows};
+        tap(&chunk, "logits", logits, V, V, 0);
+        if (first + rows == b->n) memmove(logits, logits + (size_t)(rows - 1) * V, sizeof(float) * (size_t)V);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 3. forward(): tokens[0..n) at positions s->pos .. s->pos+n-1, in the order of arch §3
+ * ------------------------------------------------------------------------------------------- */
+
+static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) {
+    const ZayaConfig *c = &m->config;
+    const int H = c->hidden_size;
+    Activations *a = s->act;
+    Batch b = {c, a, s->kernels, s->tap, s->tap_ctx, -1, s->pos, n};
+
+    embed(&b, m, tokens, a->e, a->r);                                               /* §3.1  ids -> r [n, H] */
+    for (int i = 0; i < c->num_layers; i++) {                                      /* HF ZayaDecoderLayer */
+        const ZayaLayer *L = &m->layers[i];
+        ZayaLayerState *ls = &s->layers[i];
+        b.layer = i;
+        rmsnorm(&b, "input_layernorm", a->h, a->r, L->input_layernorm, H, c->rms_norm_eps);   /* §3.2  [n, H] */
+        cca_projections(&b, L, a->h, a->u);                                         /* §3.3  -> u [n, C] */
+        cca_convolutions(&b, L, ls->conv_state, a->u, a->z);                        /* §3.4  -> z [n, C] */
+        residual_mix(&b, a->u, a->q_res, a->k_res);                                 /* §3.5  -> [n, nq|nkv, d] */
+        qk_assembly(&b, a->z, a->q_res, a->k_res, a->q, a->key);                    /* §3.6  -> q, k */
+        values(&b, L, ls->delayed_value, a->h, a->v, a->vd);                        /* §3.7  -> v [n, nkv, d] */
+        qk_norm(&b, a->q, a->key, L->qk_norm_temp);                                 /* §3.8 */
+        rope(&b, c->layer_types[i], a->q, a->key);                                  /* §3.9 */
+        self_attention(&b, c->layer_types[i], ls, a->q, a->key, a->v, a->attn_out); /* §3.10 -> [n, nq*d] */
+        linear(&b, "self_attn.o_proj", a->branch, &L->o_proj, L->o_proj_bias, a->attn_out);   /* §3.11 -> [n, H] */
+        residual_scaling(&b, "post_attention_residual_scale", a->r, a->branch, &L->post_attention_residual_scale); /* §3.12 */
+        rmsnorm(&b, "post_attention_layernorm", a->h, a->r, L->post_attention_layernorm, H, c->rms_norm_eps);      /* §3.13 */
+        router(&b, L, a->h, a->router_state, a->expert, a->expert_weight);          /* §3.14 -> class, weight [n] */
+        experts(&b, L, s->skip_expert, a->h, a->expert, a->expert_weight, a->branch);   /* §3.15 -> [n, H] */
+        residual_scaling(&b, "post_mlp_residual_scale", a->r, a->branch, &L->post_mlp_residual_scale);              /* §3.16 */
+    }
+    b.layer = -1;
+    rmsnorm(&b, "model.norm", a->h, a->r, m->norm, H, c->rms_norm_eps);             /* §3.17 */
+    lm_head(&b, m, a->h, s->logits);                                                /* §3.18 -> [V] */
+    s->pos += n;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 4. The decoding state (arch §4) and the public entry points
  * ------------------------------------------------------------------------------------------- */
 
 static int conv_state_len(const ZayaConfig *c) { return (c->cca_time0 - 1) + (c->cca_time1 - 1); }
 
-/* With a tap (--dump) every token's logits: the LM head (the whole embedding, 2.1 GB for 74B in
- * bf16) is read once for LOGIT_ROWS tokens. */
-#define LOGIT_ROWS 8
-
-/* The state's float buffers and their lengths for config c (B tokens a batch). */
-#define STATE_BUFFERS 28
-static void state_buffers(ZayaState *s, float **b[STATE_BUFFERS], size_t n[STATE_BUFFERS], const ZayaConfig *c) {
-    float **all[STATE_BUFFERS] = {&s->x, &s->h, &s->u, &s->q, &s->k, &s->v, &s->vd, &s->attn_out, &s->branch,
-                                  &s->router_state, &s->router_a, &s->router_b, &s->router_logits, &s->router_probs,
-                                  &s->expert_weight, &s->expert_in, &s->expert_hidden, &s->expert_out,
-                                  &s->conv_a, &s->z, &s->a_t, &s->q_res, &s->k_res, &s->att, &s->router_scores,
-                                  &s->rope_cos, &s->rope_sin, &s->logits};
-    memcpy(b, all, sizeof all);
-    if (!n) return;
+/* The activations' float buffers and their lengths for config c (B = ZAYA_BATCH tokens). */
+#define ACT_BUFFERS 32
+static void act_buffers(Activations *a, float **buf[ACT_BUFFERS], size_t len[ACT_BUFFERS], const ZayaConfig *c, int ctx) {
+    float **all[ACT_BUFFERS] = {&a->e, &a->r, &a->h, &a->u, &a->conv_seq, &a->conv_a, &a->conv_cols, &a->z, &a->q_res,
+                                &a->k_res, &a->q, &a->key, &a->v, &a->vd, &a->rope_cos, &a->rope_sin, &a->att, &a->attn_out,
+                                &a->branch, &a->router_down, &a->router_state, &a->router_normed, &a->router_fc1,
+                                &a->router_fc2, &a->router_logits, &a->router_probs, &a->router_scores, &a->expert_weight,
+                                &a->expert_in, &a->expert_hidden, &a->expert_out, NULL};
+    memcpy(buf, all, sizeof all);
+    if (!len) return;
     const size_t H = (size_t)c->hidden_size, d = (size_t)c->head_dim, nq = (size_t)c->num_heads,
                  nkv = (size_t)c->num_kv_heads, C = (nq + nkv) * d, E1 = (size_t)c->num_experts + 1,
                  I = (size_t)c->moe_intermediate, R = (size_t)c->router_hidden, B = ZAYA_BATCH;
-    const size_t len[STATE_BUFFERS] = {B * H, B * H, B * C, B * nq * d, B * nkv * d, B * nkv * d, B * nkv * d / 2,
-                                       B * nq * d, B * H, B * R, B * R, B * R, B * E1, B * E1, B, B * H, B * 2 * I,
-                                       B * H, B * (size_t)c->cca_time1 * C, B * C, C, nq * d, nkv * d, nq * (size_t)s->ctx,
-                                       E1, d, d, LOGIT_ROWS * (size_t)c->vocab_size};
-    memcpy(n, len, sizeof len);
+    const size_t n[ACT_BUFFERS] = {B * H, B * H, B * H, B * C, ((size_t)conv_state_len(c) + B) * C,
+                                   ((size_t)c->cca_time1 - 1 + B) * C, B * C * (size_t)c->cca_time1, B * C, B * nq * d,
+                                   B * nkv * d, B * nq * d, B * nkv * d, B * nkv * d, B * nkv * d / 2, d, d,
+                                   nq * (size_t)ctx, B * nq * d, B * H, B * R, B * R, B * R, B * R, B * R, B * E1,
+                                   B * E1, B * E1, B, B * H, B * 2 * I, B * H, 0};
+    memcpy(len, n, sizeof n);
 }
 
 int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, int threads, char *err, size_t errlen) {
     const ZayaConfig *c = &m->config;
     memset(s, 0, sizeof *s);
     if (ctx < 1 || ctx > c->max_position)
-        return zaya_fail(err, errlen, "context length %d is out of range\n  expected: 1..%d (max_position_embeddings)", ctx, c->max_position);
+        return zaya_fail(err, errlen, "context length %d is out of range\n  expected: 1..%d (max_position_embeddings)", ctx,
+                         c->max_position);
     const size_t d = (size_t)c->head_dim, nkv = (size_t)c->num_kv_heads, C = (size_t)(c->num_heads + c->num_kv_heads) * d;
     s->ctx = ctx;
     s->batch = ZAYA_BATCH;
     s->num_layers = c->num_layers;
     s->layers = calloc((size_t)c->num_layers, sizeof(ZayaLayerState));
-    int ok = s->layers != NULL;
+    s->act = calloc(1, sizeof(Activations));
+    int ok = s->layers && s->act;
     for (int i = 0; ok && i < c->num_layers; i++) {
         ZayaLayerState *ls = &s->layers[i];
         ls->cache_len = c->layer_types[i] == ZAYA_HYBRID_SLIDING && c->sliding_window < ctx ? c->sliding_window : ctx;
@@ -89,11 +494,12 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, int threads, char
         ls->delayed_value = calloc(nkv * d / 2, sizeof(float));
         ok = ls->key_cache && ls->value_cache && ls->conv_state && ls->delayed_value;
     }
-    float **bufs[STATE_BUFFERS];
-    size_t lens[STATE_BUFFERS];
-    state_buffers(s, bufs, lens, c);
-    for (int k = 0; ok && k < STATE_BUFFERS; k++) ok = (*bufs[k] = calloc_lines(lens[k], sizeof(float))) != NULL;
-    if (ok) ok = (s->expert = calloc(ZAYA_BATCH, sizeof(int))) != NULL;
+    float **bufs[ACT_BUFFERS];
+    size_t lens[ACT_BUFFERS];
+    if (ok) act_buffers(s->act, bufs, lens, c, ctx);
+    for (int k = 0; ok && bufs[k]; k++) ok = (*bufs[k] = calloc_lines(lens[k], sizeof(float))) != NULL;
+    if (ok) ok = (s->act->expert = calloc(ZAYA_BATCH, sizeof(int))) != NULL;
+    if (ok) ok = (s->logits = calloc_lines(LOGIT_ROWS * (size_t)c->vocab_size, sizeof(float))) != NULL;
     int max_in = c->hidden_size > c->num_heads * c->head_dim ? c->hidden_size : c->num_heads * c->head_dim;
     max_in = max_in > c->moe_intermediate ? max_in : c->moe_intermediate;
     max_in = max_in > c->router_hidden ? max_in : c->router_hidden;
@@ -129,338 +535,29 @@ void zaya_state_free(ZayaState *s) {
         free(s->layers[i].delayed_value);
     }
     free(s->layers);
-    float **bufs[STATE_BUFFERS];
-    state_buffers(s, bufs, NULL, NULL);
-    for (int k = 0; k < STATE_BUFFERS; k++) free(*bufs[k]);
-    free(s->expert);
+    if (s->act) {
+        float **bufs[ACT_BUFFERS];
+        act_buffers(s->act, bufs, NULL, NULL, 0);
+        for (int k = 0; bufs[k]; k++) free(*bufs[k]);
+        free(s->act->expert);
+        free(s->act);
+    }
+    free(s->logits);
     kernels_free(s->kernels);
     memset(s, 0, sizeof *s);
 }
 
 int zaya_state_threads(const ZayaState *s) { return kernels_threads(s->kernels); }
 
-/* ---------------------------------------------------------------------------------------------
- * 4. Forward (arch §3)
- *
- * forward() runs n tokens at positions s->pos .. s->pos+n-1 through the model: a decoded token
- * (n = 1), a prompt in batches, a dump or a trace all take this one path. Row t of every [B, dim]
- * buffer of the state belongs to token t. The projections are matmuls over the n rows (each weight
- * is read once for all of them); the steps that carry state from token to token (the convolutions'
- * inputs, the delayed value, the KV cache) go token after token. Each intermediate is reported to
- * the tap, if any (--dump, --trace), under its HF module path (docs/compare.md).
- * ------------------------------------------------------------------------------------------- */
-
-static void tap(ZayaState *s, int layer, int pos, const char *name, const void *data, int ndim, int d0, int d1) {
-    ZayaTap t = {name, layer, pos, 0, ndim, {d0, d1}, data, 0};
-    s->tap(s->tap_ctx, &t);
-}
-#define TAP(name, data, n) do { if (s->tap) tap(s, layer, pos, name, data, 1, n, 0); } while (0)          /* [n] */
-#define TAP2(name, data, n0, n1) do { if (s->tap) tap(s, layer, pos, name, data, 2, n0, n1); } while (0) /* [n0, n1] */
-
-/* arch §3.4: the two causal convolutions of the batch's n tokens. Token t's window is u_{t-K} .. u_t,
- * K = (t0-1) + (t1-1): the conv state (the K inputs before the batch, oldest first), then the batch's
- * u = [q_tilde ; k_tilde] rows. They read inputs only, so the whole batch goes at once; the conv state
- * then keeps the last K inputs (raw, pre-conv).
- *   depthwise (conv_qk_depthwise, kernel t0): a_s[c] = b0[c] + sum_m w0[c,0,m] u_{s-t0+1+m}[c] for
- *     s = t-t1+1 .. t; a zero-padded u gives a_{<0} = b0, not 0. Kept per token as
- *     conv_a[t][c * t1 + (s-(t-t1+1))], the order of the grouped conv's weights [o, j, k].
- *   grouped (conv_qk_grouped, kernel t1, one group of d channels per head): z_t[o] = b1[o] +
- *     sum_j sum_k w1[o,j,k] a_{t-t1+1+k}[head*d + j]: per head, a product of its [d, d*t1] weights
- *     with the head's d*t1 values of conv_a. */
-static void cca_convolutions(Kernels *k, const ZayaConfig *c, const ZayaLayer *L, ZayaLayerState *ls, const float *u,
-                             int n, float *conv_a, float *z) {
-    const int d = c->head_dim, C = (c->num_heads + c->num_kv_heads) * d;
-    const int t0 = c->cca_time0, t1 = c->cca_time1, K = conv_state_len(c);
-#define INPUT(i) ((i) < 0 ? ls->conv_state + (size_t)((i) + K) * C : u + (size_t)(i) * C)   /* u_i, i >= -K */
-    for (int t = 0; t < n; t++)
-        for (int ch = 0; ch < C; ch++)
-            for (int kk = 0; kk < t1; kk++) {   /* a_s, s = t-t1+1+kk, reads u_{s-t0+1} .. u_s */
-                float sum = L->conv_qk_depthwise_bias[ch];
-                for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * INPUT(t - K + kk + m)[ch];
-                conv_a[((size_t)t * C + ch) * t1 + kk] = sum;
-            }
-    const ZayaMatrix grouped = {.dtype = ZAYA_F32, .rows = C, .cols = d * t1, .data = L->conv_qk_grouped_weight};
-    matmul_grouped(k, z, C, &grouped, C / d, conv_a, C * t1, n);   /* a group per head */
-    for (int t = 0; t < n; t++)
-        for (int o = 0; o < C; o++) z[(size_t)t * C + o] += L->conv_qk_grouped_bias[o];
-    for (int j = 0; j < K; j++)   /* the last K inputs: u_{n-K} .. u_{n-1} */
-        memmove(ls->conv_state + (size_t)j * C, INPUT(n - K + j), sizeof(float) * (size_t)C);
-#undef INPUT
-}
-
-/* arch §3.7: L2-normalize each head to norm sqrt(d) (clamped at FLT_EPSILON); keys also times
- * temp[j] (HF ZayaQKNorm.forward). */
-static void qk_norm(float *x, int heads, int d, const float *temp) {
-    const float sqrt_d = sqrtf((float)d);
-    for (int n = 0; n < heads; n++) {
-        float *v = x + (size_t)n * d, ss = 0.0f;
-        for (int i = 0; i < d; i++) ss += v[i] * v[i];
-        float scale = sqrt_d / fmaxf(sqrtf(ss), FLT_EPSILON);
-        for (int i = 0; i < d; i++) v[i] = v[i] * scale * (temp ? temp[n] : 1.0f);
-    }
-}
-
-/* arch §3.8: partial NeoX RoPE on dims [0, rot) of every query and key head, pairs (j, j + rot/2);
- * inv_freq and the angles in float32 (HF ZayaRotaryEmbedding, apply_rotary_pos_emb). q [nq, d],
- * k [nkv, d]; cos_t/sin_t: [rot/2] scratch. */
-static void rope(float *q, int nq, float *k, int nkv, int d, int pos, int rot, float theta, float *cos_t, float *sin_t) {
-    const int half = rot / 2;
-    for (int j = 0; j < half; j++) {
-        float inv_freq = 1.0f / powf(theta, (float)(2 * j) / (float)rot);
-        cos_t[j] = cosf((float)pos * inv_freq);
-        sin_t[j] = sinf((float)pos * inv_freq);
-    }
-    for (int n = 0; n < nq + nkv; n++) {
-        float *v = n < nq ? q + (size_t)n * d : k + (size_t)(n - nq) * d;
-        for (int j = 0; j < half; j++) {
-            float a = v[j], b = v[j + half];
-            v[j] = a * cos_t[j] - b * sin_t[j];
-            v[j + half] = b * cos_t[j] + a * sin_t[j];
-        }
-    }
-}
-
-static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) {
-    const ZayaConfig *c = &m->config;
-    const int H = c->hidden_size, d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, g = nq / nkv;
-    const int C = (nq + nkv) * d, vhalf = nkv * d / 2, R = c->router_hidden, E = c->num_experts, I = c->moe_intermediate;
-    const float eps = c->rms_norm_eps;
-    Kernels *k = s->kernels;
-    int layer = -1;
-
-    for (int t = 0; t < n; t++) {   /* §3.1 embedding and input scaling, no sqrt(H) factor (HF ZayaModel.forward) */
-        const int pos = s->pos + t;
-        float *e = s->h + (size_t)t * H, *x = s->x + (size_t)t * H;
-        matrix_row(&m->embed_tokens, tokens[t], e);
-        TAP("model.embed_tokens", e, H);
-        for (int i = 0; i < H; i++) x[i] = (e[i] + m->input_hidden_states_bias[i]) * m->input_hidden_states_scale[i];
-        TAP("model:input_scaled", x, H);
-    }
-
-    for (layer = 0; layer < c->num_layers; layer++) {   /* HF ZayaDecoderLayer.forward */
-        const ZayaLayer *L = &m->layers[layer];
-        ZayaLayerState *ls = &s->layers[layer];
-        const int type = c->layer_types[layer];
-        const KvCache kv = {ls->key_cache, ls->value_cache, ls->cache_len, nkv, d};
-
-        for (int t = 0; t < n; t++) {   /* §3.2 input_layernorm */
-            const int pos = s->pos + t;
-            rmsnorm(s->h + (size_t)t * H, s->x + (size_t)t * H, L->input_layernorm, H, eps);
-            TAP("input_layernorm", s->h + (size_t)t * H, H);
-        }
-        /* §3.3 q_proj and k_proj: u = [q_tilde ; k_tilde] (HF ZayaCCAProjection); §3.6 the value projections */
-        const MatmulOut projections[4] = {{&L->q_proj, s->u, C}, {&L->k_proj, s->u + (size_t)nq * d, C},
-                                          {&L->v_proj_current, s->v, nkv * d}, {&L->v_proj_delayed, s->vd, vhalf}};
-        matmuls(k, projections, 4, s->h, H, n);   /* four products of h */
-        if (c->attention_bias)   /* the four projections' biases (config attention_bias) */
-            for (int t = 0; t < n; t++) {
-                for (int i = 0; i < C; i++) s->u[(size_t)t * C + i] += i < nq * d ? L->q_proj_bias[i] : L->k_proj_bias[i - nq * d];
-                for (int i = 0; i < vhalf; i++) {
-                    s->v[(size_t)t * nkv * d + i] += L->v_proj_current_bias[i];
-                    s->vd[(size_t)t * vhalf + i] += L->v_proj_delayed_bias[i];
-                }
-            }
-
-        cca_convolutions(k, c, L, ls, s->u, n, s->conv_a, s->z);                /* §3.4 the two convolutions */
-
-        for (int t = 0; t < n; t++) {   /* token after token: the delayed value and the KV cache carry over */
-            const int pos = s->pos + t;
-            const float *u = s->u + (size_t)t * C, *q_tilde = u, *k_tilde = u + (size_t)nq * d;
-            float *q = s->q + (size_t)t * nq * d, *key = s->k + (size_t)t * nkv * d, *v = s->v + (size_t)t * nkv * d;
-            const float *z = s->z + (size_t)t * C;
-            TAP("self_attn.qkv_proj.q_proj", q_tilde, nq * d);
-            TAP("self_attn.qkv_proj.k_proj", k_tilde, nkv * d);
-            if (s->tap) {   /* the depthwise conv's output a_t: its last column */
-                for (int ch = 0; ch < C; ch++) s->a_t[ch] = s->conv_a[((size_t)t * C + ch) * c->cca_time1 + c->cca_time1 - 1];
-                TAP("self_attn.qkv_proj.conv_qk_depthwise", s->a_t, C);
-            }
-            TAP("self_attn.qkv_proj.conv_qk_grouped", z, C);
-
-            for (int h = 0; h < nq; h++)   /* §3.3 residual mix: q_res[h] = (q_tilde[h] + k_tilde[h/g]) / 2 */
-                for (int i = 0; i < d; i++) s->q_res[h * d + i] = (q_tilde[h * d + i] + k_tilde[(h / g) * d + i]) * 0.5f;
-            for (int j = 0; j < nkv; j++)   /* k_res[j] = mean of q_res over KV head j's g query heads */
-                for (int i = 0; i < d; i++) {
-                    float sum = 0.0f;
-                    for (int r = 0; r < g; r++) sum += s->q_res[(j * g + r) * d + i];
-                    s->k_res[j * d + i] = sum / (float)g;
-                }
-            TAP2("self_attn.qkv_proj:query_residual", s->q_res, nq, d);
-            TAP2("self_attn.qkv_proj:key_residual", s->k_res, nkv, d);
-            for (int i = 0; i < nq * d; i++) q[i] = z[i] + s->q_res[i];   /* §3.5 q/k assembly */
-            for (int i = 0; i < nkv * d; i++) key[i] = z[nq * d + i] + s->k_res[i];
-            TAP2("self_attn.qkv_proj:query", q, nq, d);
-            TAP2("self_attn.qkv_proj:key", key, nkv, d);
-
-            /* §3.6 values: the channels [v_proj_current(h_t) ; v_proj_delayed(h_{t-1})], then viewed as [nkv, d]
-             * (with an odd nkv the middle head is half current, half delayed) */
-            const float *vd = s->vd + (size_t)t * vhalf;
-            TAP("self_attn.qkv_proj.v_proj_current", v, vhalf);
-            TAP("self_attn.qkv_proj.v_proj_delayed", vd, vhalf);
-            memcpy(v + vhalf, ls->delayed_value, sizeof(float) * (size_t)vhalf);
-            memcpy(ls->delayed_value, vd, sizeof(float) * (size_t)vhalf);
-            TAP2("self_attn.qkv_proj:value", v, nkv, d);
-
-            qk_norm(q, nq, d, NULL);                                              /* §3.7 qk_norm */
-            qk_norm(key, nkv, d, L->qk_norm_temp);
-            TAP2("self_attn.qk_norm:query", q, nq, d);
-            TAP2("self_attn.qk_norm:key", key, nkv, d);
-
-            rope(q, nq, key, nkv, d, pos, c->rope_dim[type], c->rope_theta[type], s->rope_cos, s->rope_sin);   /* §3.8 RoPE */
-            TAP2("self_attn:query_after_rope", q, nq, d);
-            TAP2("self_attn:key_after_rope", key, nkv, d);
-
-            for (int j = 0; j < nkv; j++) {                                       /* §4 the KV cache */
-                memcpy(ls->key_cache + kv_row(&kv, j, pos), key + (size_t)j * d, sizeof(float) * (size_t)d);
-                memcpy(ls->value_cache + kv_row(&kv, j, pos), v + (size_t)j * d, sizeof(float) * (size_t)d);
-            }
-            /* §3.9 attention over keys first..pos: sliding layers see the last sliding_window positions */
-            const int first = type == ZAYA_HYBRID_SLIDING && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
-            float *o = s->attn_out + (size_t)t * nq * d;
-            attention(k, o, s->att, q, nq, &kv, first, pos);
-            if (s->tap) {   /* [nq, keys]: HF's attn_weights row without the masked zeros (ragged) */
-                ZayaTap w = {"self_attn:attn_weights", layer, pos, 0, 2, {nq, pos - first + 1}, s->att, 1};
-                s->tap(s->tap_ctx, &w);
-            }
-            TAP("self_attn:attn_output", o, nq * d);
-        }
-
-        matmul(k, s->branch, H, &L->o_proj, s->attn_out, nq * d, n);               /* §3.10 o_proj */
-        for (int t = 0; t < n; t++) {
-            const int pos = s->pos + t;
-            float *x = s->x + (size_t)t * H, *h = s->h + (size_t)t * H;
-            if (c->attention_bias) for (int i = 0; i < H; i++) s->branch[(size_t)t * H + i] += L->o_proj_bias[i];
-            TAP("self_attn.o_proj", s->branch + (size_t)t * H, H);
-            residual_scale(x, s->branch + (size_t)t * H, &L->post_attention_residual_scale, H);   /* §3.11 */
-            TAP("post_attention_residual_scale", x, H);
-            rmsnorm(h, x, L->post_attention_layernorm, H, eps);                   /* §3.12 */
-            TAP("post_attention_layernorm", h, H);
-        }
-
-        /* §3.13 router (HF ZayaRouter, ZayaRouterMLP): down_proj, EDA over depth, MLP, softmax, top-1 */
-        float *a = s->router_a, *b = s->router_b;
-        matmul(k, a, R, &L->router_down_proj, s->h, H, n);                       /* mlp.gate.down_proj */
-        for (int t = 0; t < n; t++) {
-            const int pos = s->pos + t;
-            float *at = a + (size_t)t * R, *rho = s->router_state + (size_t)t * R;
-            for (int i = 0; i < R; i++) at[i] += L->router_down_proj_bias[i];
-            TAP("mlp.gate.down_proj", at, R);
-            /* EDA: rho = down + rho_prev * router_states_scale; layer 0 (no scale) starts it */
-            for (int i = 0; i < R; i++) rho[i] = L->router_states_scale ? at[i] + rho[i] * L->router_states_scale[i] : at[i];
-            TAP("mlp.gate:router_state", rho, R);
-            rmsnorm(b + (size_t)t * R, rho, L->router_norm, R, c->router_norm_eps);   /* router_mlp.norm */
-            TAP("mlp.gate.router_mlp.norm", b + (size_t)t * R, R);
-        }
-        matmul(k, a, R, &L->router_fc1, b, R, n);                                /* router_mlp.fc1, GELU */
-        for (int t = 0; t < n; t++) {
-            const int pos = s->pos + t;
-            float *at = a + (size_t)t * R;
-            for (int i = 0; i < R; i++) at[i] += L->router_fc1_bias[i];
-            TAP("mlp.gate.router_mlp.fc1", at, R);
-            for (int i = 0; i < R; i++) at[i] = at[i] * 0.5f * (1.0f + erff(at[i] * 0.70710678118654752440f));   /* exact GELU */
-        }
-        matmul(k, b, R, &L->router_fc2, a, R, n);                                /* router_mlp.fc2, GELU */
-        for (int t = 0; t < n; t++) {
-            const int pos = s->pos + t;
-            float *bt = b + (size_t)t * R;
-            for (int i = 0; i < R; i++) bt[i] += L->router_fc2_bias[i];
-            TAP("mlp.gate.router_mlp.fc2", bt, R);
-            for (int i = 0; i < R; i++) bt[i] = bt[i] * 0.5f * (1.0f + erff(bt[i] * 0.70710678118654752440f));
-        }
-        matmul(k, s->router_logits, E + 1, &L->router_out_proj, b, R, n);        /* router_mlp.out_proj */
-        for (int t = 0; t < n; t++) {
-            const int pos = s->pos + t;
-            float *logits = s->router_logits + (size_t)t * (E + 1), *probs = s->router_probs + (size_t)t * (E + 1);
-            TAP("mlp.gate.router_mlp", logits, E + 1);
-            memcpy(probs, logits, sizeof(float) * (size_t)(E + 1));
-            softmax(probs, E + 1);                                                /* over all E+1 classes */
-            TAP("mlp.gate:router_probs", probs, E + 1);
-            int best = 0;   /* top-1 of the biased scores (ties: lowest index); the weight is unbiased */
-            for (int e = 0; e <= E; e++) {
-                s->router_scores[e] = probs[e] + L->balancing_biases[e];
-                if (s->router_scores[e] > s->router_scores[best]) best = e;
-            }
-            TAP("mlp.gate:router_scores", s->router_scores, E + 1);
-            if (s->tap) {
-                ZayaTap ti = {"mlp.gate.router_indices", layer, pos, 1, 0, {0, 0}, &best, 0};
-                s->tap(s->tap_ctx, &ti);
-            }
-            s->expert[t] = best;
-            s->expert_weight[t] = probs[best];
-        }
-
-        /* §3.14 experts (SwiGLU): each chosen expert runs once on the tokens routed to it */
-        for (int e = 0; e < E; e++) {
-            int idx[ZAYA_BATCH], cnt = 0;
-            for (int t = 0; t < n; t++)
-                if (s->expert[t] == e) {
-                    memcpy(s->expert_in + (size_t)cnt * H, s->h + (size_t)t * H, sizeof(float) * (size_t)H);
-                    idx[cnt++] = t;
-                }
-            if (!cnt) continue;   /* only the chosen experts' weights are read */
-            const ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, e * 2 * I, 2 * I);
-            const ZayaMatrix down = matrix_rows(&L->experts_down, e * H, H);
-            matmul(k, s->expert_hidden, 2 * I, &gate_up, s->expert_in, H, cnt);  /* [gate ; up] */
-            for (int j = 0; j < cnt; j++) {
-                float *gate = s->expert_hidden + (size_t)j * 2 * I, *up = gate + I;
-                for (int i = 0; i < I; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];   /* SiLU(gate) * up */
-            }
-            matmul(k, s->expert_out, H, &down, s->expert_hidden, 2 * I, cnt);     /* down_proj(SiLU(gate) * up) */
-            for (int j = 0; j < cnt; j++)                                        /* y = weight * down(...) */
-                for (int i = 0; i < H; i++)
-                    s->branch[(size_t)idx[j] * H + i] = s->expert_weight[idx[j]] * s->expert_out[(size_t)j * H + i];
-        }
-        for (int t = 0; t < n; t++) {
-            const int pos = s->pos + t;
-            float *y = s->branch + (size_t)t * H, *x = s->x + (size_t)t * H;
-            if (s->expert[t] == E) {   /* the skip class (arch §6a) */
-                if (s->skip_expert == ZAYA_SKIP_PASSTHROUGH)                     /* Zyphra's fork: P[skip] * h2 */
-                    for (int i = 0; i < H; i++) y[i] = s->expert_weight[t] * s->h[(size_t)t * H + i];
-                else {                                                           /* upstream: a zero output */
-                    s->expert_weight[t] = 0.0f;
-                    memset(y, 0, sizeof(float) * (size_t)H);
-                }
-            }
-            if (s->tap) {
-                ZayaTap tw = {"mlp.gate:router_weight", layer, pos, 0, 0, {0, 0}, &s->expert_weight[t], 0};
-                s->tap(s->tap_ctx, &tw);
-            }
-            TAP("mlp.experts", y, H);
-            residual_scale(x, y, &L->post_mlp_residual_scale, H);                /* §3.15 post_mlp_residual_scale */
-            TAP("post_mlp_residual_scale", x, H);
-        }
-    }
-
-    layer = -1;   /* §3.16 final norm and the tied LM head: the last token's logits (every token's for a tap) */
-    for (int t = 0; t < n; t++) {
-        const int pos = s->pos + t;
-        rmsnorm(s->h + (size_t)t * H, s->x + (size_t)t * H, m->norm, H, eps);
-        TAP("model.norm", s->h + (size_t)t * H, H);
-    }
-    const int V = c->vocab_size;
-    for (int t0 = s->tap ? 0 : n - 1, rows = 0; t0 < n; t0 += rows) {   /* a tap: LOGIT_ROWS tokens a product */
-        rows = n - t0 < LOGIT_ROWS ? n - t0 : LOGIT_ROWS;
-        matmul(k, s->logits, V, &m->embed_tokens, s->h + (size_t)t0 * H, H, rows);
-        for (int t = t0; t < t0 + rows; t++) {
-            const int pos = s->pos + t;
-            float *logits = s->logits + (size_t)(t - t0) * V;
-            if (c->lm_head_bias) for (int v = 0; v < V; v++) logits[v] += m->lm_head_bias[v];
-            TAP("logits", logits, V);
-        }
-        if (t0 + rows == n)   /* the last token's logits first, where generation reads them */
-            memmove(s->logits, s->logits + (size_t)(rows - 1) * V, sizeof(float) * (size_t)V);
-    }
-    s->pos += n;
-}
-
 int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, char *err, size_t errlen) {
     const ZayaConfig *c = &m->config;
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
             return zaya_fail(err, errlen, "token id %d (position %d) is outside the vocabulary\n  expected: 0..%d",
-                        tokens[t], s->pos + t, c->vocab_size - 1);
+                             tokens[t], s->pos + t, c->vocab_size - 1);
     if (n > s->ctx - s->pos)
-        return zaya_fail(err, errlen, "context is full: %d positions used of %d, %d more needed\n  hint: start a new conversation or raise --ctx (max %d)",
-                    s->pos, s->ctx, n, c->max_position);
+        return zaya_fail(err, errlen, "context is full: %d positions used of %d, %d more needed\n"
+                         "  hint: start a new conversation or raise --ctx (max %d)", s->pos, s->ctx, n, c->max_position);
     const int batch = s->batch >= 1 && s->batch <= ZAYA_BATCH ? s->batch : ZAYA_BATCH;
     for (int done = 0; done < n; done += batch) forward(m, s, tokens + done, n - done < batch ? n - done : batch);
     return 0;

@@ -21,7 +21,7 @@
 #define ZAYA_MAX_EOS 4
 
 /* Layer types (config "layer_types"): full causal attention, or a sliding window of
- * `sliding_window` positions including the current one (arch §3.9). */
+ * `sliding_window` positions including the current one (arch §3.10). */
 enum { ZAYA_HYBRID = 0, ZAYA_HYBRID_SLIDING = 1 };
 
 
@@ -148,7 +148,9 @@ typedef struct {
 
 struct Kernels;   /* the fast kernels' threads and scratch (kernels.h) */
 
-/* Everything that changes while running: per-layer state, the position, scratch buffers. */
+struct ZayaActivations;   /* a batch's intermediate tensors (zaya.c) */
+
+/* Everything that changes while running: per-layer state, the position, options, scratch. */
 typedef struct {
     ZayaLayerState *layers;   /* [num_layers] */
     int num_layers;
@@ -158,30 +160,9 @@ typedef struct {
     int skip_expert;          /* ZAYA_SKIP_ZERO (default) or ZAYA_SKIP_PASSTHROUGH */
     ZayaTapFn tap;            /* optional: called with every intermediate tensor */
     void *tap_ctx;
+    float *logits;            /* [V]: logits of the last token run */
+    struct ZayaActivations *act;   /* the intermediate tensors of a batch of up to ZAYA_BATCH tokens */
     struct Kernels *kernels;
-    /* scratch for a batch of B = ZAYA_BATCH tokens, row t = token t: [B, dim] */
-    float *x;                 /* residual stream r [B, H] */
-    float *h;                 /* normalized input of a block [B, H] */
-    float *u;                 /* [q_proj ; k_proj] outputs = the CCA conv input u_t [B, C], C = (nq+nkv)*d */
-    float *q, *k, *v;         /* after CCA / values [B, nq*d], [B, nkv*d], [B, nkv*d] */
-    float *vd;                /* v_proj_delayed of each token [B, nkv*d/2] */
-    float *attn_out;          /* [B, nq*d] */
-    float *branch;            /* block output before the residual merge [B, H] */
-    float *router_state;      /* EDA state rho [B, R]: flows layer to layer within a token */
-    float *router_a, *router_b;           /* router MLP activations [B, R] */
-    float *router_logits, *router_probs;  /* [B, E+1] */
-    int *expert;              /* chosen router class per token [B] (E = skip) */
-    float *expert_weight;     /* its weight [B] */
-    float *expert_in, *expert_hidden, *expert_out;   /* tokens of one expert [B, H], [B, 2I], [B, H] */
-    float *conv_a;            /* depthwise conv outputs a_{t-t1+1..t} of each token [B, C, t1] */
-    float *z;                 /* grouped conv outputs z_t [B, C] */
-    /* scratch for one token */
-    float *a_t;               /* the depthwise conv's output a_t [C] (its tap) */
-    float *q_res, *k_res;     /* residual mix [nq*d], [nkv*d] */
-    float *att;               /* attention probabilities [nq, keys], keys <= ctx (tap self_attn:attn_weights) */
-    float *router_scores;     /* probs + balancing biases [E+1] */
-    float *rope_cos, *rope_sin;   /* [rot/2] */
-    float *logits;            /* [V]: logits of the last token run (room for a few rows: a tap's batches) */
 } ZayaState;
 
 /* Allocates the state for up to ctx positions (1 <= ctx <= max_position) and zeroes it: an empty HF

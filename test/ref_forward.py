@@ -4,7 +4,7 @@
     python3 test/ref_forward.py CKPT_DIR --ids 2,5,7 --out DIR [--skip-expert zero|passthrough]
                                 [--logits all|none|P,P,...]
 
-Written from shared/docs/architecture.md (sections 2-3, 6a) and the upstream Hugging Face
+Written from docs/architecture.md (sections 2-3, 6a) and the upstream Hugging Face
 modeling_zaya.py (and Zyphra's fork for the legacy and ZAYA1-base schemas), not from zaya.c. It
 reads a hub checkpoint folder directly (native, legacy or ZAYA1-base config and tensor names;
 attention_bias and lm_head_bias; any KV-head count; one model.safetensors or shards + index,
@@ -15,7 +15,7 @@ RoPE tables are rounded to float32 step by step, because HF builds them in float
 times an inverse frequency is where float32 rounding is largest.
 
 Output: DIR/index.json + one NumPy 1.0 .npy per tensor (float32 / int32, token-major, file name =
-tensor name with ':' replaced by '~'), names as in shared/docs/style.md section 3.
+tensor name with ':' replaced by '~'), names as in docs/compare.md.
 --logits: `all` (default) writes `logits` [T, V]; `none` skips the LM head (it costs V*H multiply-adds
 per position in pure Python); a list of positions writes `logits:rows` [n, V] for those positions.
 Standard library only (Python 3.11).

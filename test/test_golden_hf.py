@@ -215,7 +215,9 @@ def main():
     try:
         make_dump(dec, "decode")
         make_dump(pre, "prefill")
-        check(True, "stub runs (token by token and full sequence) write dumps")
+        written = [os.path.exists(os.path.join(d, "index.json")) for d in (dec, pre)]
+        check(all(written), "stub runs (token by token and full sequence) write dumps with an index.json",
+              f"index.json written: decode {written[0]}, prefill {written[1]}")
     except Exception as e:   # the test reports, never crashes
         check(False, "stub runs write dumps", f"{type(e).__name__}: {e}")
         return

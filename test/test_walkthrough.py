@@ -4,10 +4,12 @@
   - every generated block (<!-- trace: ... --> ... <!-- /trace -->) equals what ./zaya --trace prints
     now on the compact fixture test/fixtures (docs/make_walkthrough.py renders the document in memory; `make docs`
     rewrites it);
-  - every step of docs/architecture.md section 3 (3.1 .. 3.16) and section 4 (decoding state) has a section `## 3.N` / `## 4.` with at least one
-    generated block;
+  - every step of docs/architecture.md section 3 (3.1 .. 3.18) and section 4 (decoding state) has a section
+    `## 3.N` / `## 4.` with at least one generated block;
   - every function any document of the repository names as `name()` is defined in its C or Python
-    sources (or is a Python builtin).
+    sources (or is a Python builtin);
+  - every dump name a document quotes (a `name:part`, or a name quoted after "dump" or "tap" on its
+    line) is one that `./zaya --list-taps` prints, or one compare.py derives (router_margin, logits:topK).
 """
 import builtins
 import glob
@@ -53,7 +55,7 @@ def main():
     if os.path.exists(spec):
         with open(spec, encoding="utf-8") as f:
             steps = re.findall(r"^\*\*(3\.\d+) ", f.read(), re.M)
-    steps = steps or [f"3.{i}" for i in range(1, 17)]
+    steps = steps or [f"3.{i}" for i in range(1, 19)]
     sections = re.split(r"^## ", doc, flags=re.M)
     missing, empty = [], []
     for step in steps + ["4."]:
@@ -71,7 +73,7 @@ def main():
             *glob.glob(os.path.join(ROOT, "docs", "*.md")), *glob.glob(os.path.join(ROOT, "test", "**", "*.md"), recursive=True)]
     sources = ""
     for pattern in ("*.c", "*.h", "*.py", "bench/*.c", "bench/*.h", "bench/*.py", "test/*.c", "test/*.py", "test/fuzz/*.c",
-                    "test/fuzz/*.py", "docs/*.py"):
+                    "test/fuzz/*.py", "docs/*.py", "tools/*.py"):
         for name in glob.glob(os.path.join(ROOT, pattern)):
             with open(name, encoding="utf-8", errors="replace") as f:
                 sources += f.read() + "\n"
@@ -84,7 +86,45 @@ def main():
         gone = [n for n in named if n not in defined]
         check(not gone, f"{os.path.relpath(path, ROOT)}: the {len(named)} functions it names as `name()` are defined",
               f"not defined anywhere: {gone}")
+    if os.path.exists(blob):
+        check_dump_names(blob, docs)
     finish()
+
+
+# a quoted dump name: optional "…" or "model.layers.{i}." prefix, then a path of module names
+DUMP_NAME = re.compile(r"`((?:…|\.\.\.)?(?:model\.layers\.(?:\d+|\{i\}|N)\.)?[a-z_][a-z0-9_.]*(?::[a-z0-9_]+)?|:[a-z0-9_]+)`")
+DERIVED = {"mlp.gate:router_margin", "logits:top16_ids", "logits:top16_values",   # compare.py's, not the engine's
+           "self_attn:attn_weights"}   # ragged (its width grows with the position): --trace only, not in a dump
+
+
+def check_dump_names(blob, docs):
+    """Every dump name the documents quote is a tap of --list-taps (without its model.layers.N. prefix)."""
+    rc, out, err = run(["./zaya", blob, "--list-taps"])
+    names = set(DERIVED)
+    for line in out.splitlines():
+        for n in re.findall(r"(?:^|[ ,(])((?:model\.layers\.(?:\d+|\{i\})\.)?[a-z_][a-z0-9_.]*(?::[a-z0-9_]+)?|:[a-z_]+)", line)[:1] \
+                if not line.startswith("(") else re.findall(r"[a-z_.]*:[a-z_]+", line):
+            names.add(re.sub(r"^model\.layers\.(\d+|\{i\})\.", "", n))
+    if not check(rc == 0 and len(names) > 30, "--list-taps names the tensors of a dump", err[-200:]):
+        return
+    for path in sorted(docs):
+        bad = []
+        with open(path, encoding="utf-8") as f:
+            for k, line in enumerate(f, 1):
+                context = re.search(r"\b([Dd]umps?|tap)\b", line)
+                for m in DUMP_NAME.finditer(line):
+                    q = m.group(1)
+                    if ":" not in q and not (context and context.start() < m.start()):
+                        continue
+                    if re.search(r"\.(weight|bias|c|h|py|md|sh|json|npy|bin)$|^module:|^model\.layers\.(\d+|\{i\}|N)$", q) or \
+                            ("." not in q and ":" not in q and q != "logits"):
+                        continue   # files, weights, placeholders, a whole layer, words that are not paths
+                    short = re.sub(r"^(…|\.\.\.)?(model\.layers\.(\d+|\{i\}|N)\.)?", "", q)
+                    if not any(n == short or n.endswith(short if short[0] in ":." else "." + short) or
+                               n.endswith(":" + short) for n in names):
+                        bad.append(f"line {k}: {q}")
+        check(not bad, f"{os.path.relpath(path, ROOT)}: every dump name it quotes is one --list-taps prints",
+              f"not a tap: {bad[:8]}")
 
 
 if __name__ == "__main__":
