@@ -103,12 +103,6 @@ static inline float e4m3_to_f32(uint8_t q) {
     return f32_of_bits((uint32_t)(q & 0x80) << 24 | (uint32_t)(q & 0x7f) << 20) * 0x1p120f;
 }
 
-/* float32 to the nearest bf16 (ties to even; inf stays inf), as torch rounds a result to bfloat16 */
-static inline float round_bf16(float f) {
-    const uint32_t b = bits_of_f32(f);
-    return f32_of_bits((b + 0x7fffu + ((b >> 16) & 1)) & 0xffff0000u);
-}
-
 /* float32 to the nearest IEEE half (ties to even, subnormals, overflow to inf), as a float32 */
 static inline float round_f16(float f) {
     const uint32_t b = bits_of_f32(f), sign = b & 0x80000000u;
@@ -121,7 +115,7 @@ static inline float round_f16(float f) {
 
 static inline float fp8_weight(uint8_t q, float scale, int scale_dtype) {
     const float w = e4m3_to_f32(q) * scale;
-    return scale_dtype == ZAYA_BF16 ? round_bf16(w) : scale_dtype == ZAYA_F16 ? round_f16(w) : w;
+    return scale_dtype == ZAYA_BF16 ? zaya_round_bf16(w) : scale_dtype == ZAYA_F16 ? round_f16(w) : w;
 }
 
 /* E2M1 nibble -> value: bit 3 the sign, bits 0-2 index the magnitudes */
@@ -175,7 +169,7 @@ static float matrix_at(const ZayaMatrix *m, int row, int i) {
     if (m->dtype == ZAYA_BF16) return bf16_to_f32(((const uint16_t *)m->data)[start + i]);
     if (m->dtype == ZAYA_FP8) {
         const float w = e4m3_ref(((const uint8_t *)m->data)[start + i]) * m->scales[row];
-        return m->scale_dtype == ZAYA_BF16 ? round_bf16(w) : m->scale_dtype == ZAYA_F16 ? round_f16(w) : w;
+        return m->scale_dtype == ZAYA_BF16 ? zaya_round_bf16(w) : m->scale_dtype == ZAYA_F16 ? round_f16(w) : w;
     }
     if (m->dtype == ZAYA_MXFP4) {
         const uint8_t b = ((const uint8_t *)m->data)[(start + i) / 2];
@@ -880,11 +874,12 @@ static void prefetch_row(const KvCache *kv, const float *cache, int h, int pos) 
     for (int i = 0; i < kv->d; i += 16) __builtin_prefetch(row + i);   /* one 64-byte line each */
 }
 
-/* Scores q_n . k_t * d^-1/2 of query heads [n0, n1) (all of KV head h) for keys first..pos, into
- * p[n * n_keys + t - first]: each key is loaded once for up to DOT_TOKENS heads. */
-static void attention_scores(const KvCache *kv, int h, const float *q, float *p, int n0, int n1, int first, int pos) {
+/* Scores q_n . k_t * scale of query heads [n0, n1) (all of KV head h) for keys first..pos, into
+ * p[n * n_keys + t - first]: each key is loaded once for up to DOT_TOKENS heads. bf16: the product
+ * and the scaled score rounded to bfloat16. */
+static void attention_scores(const KvCache *kv, int h, const float *q, float *p, int n0, int n1, int first, int pos,
+                             float scale, int bf16) {
     const int d = kv->d, n_keys = pos - first + 1;
-    const float scale = 1.0f / sqrtf((float)d);    /* HF: scaling = head_dim ** -0.5 */
     for (int t = first; t <= pos; t++) {
         const float *key = kv->keys + kv_row(kv, h, t);
         if (t + KV_AHEAD <= pos) prefetch_row(kv, kv->keys, h, t + KV_AHEAD);
@@ -892,14 +887,16 @@ static void attention_scores(const KvCache *kv, int h, const float *q, float *p,
             const int nr = n1 - n < DOT_TOKENS ? n1 - n : DOT_TOKENS;
             float dots[DOT_TOKENS];
             dot_float(dots, nr, key, ZAYA_F32, NULL, q + (size_t)n * d, (size_t)d, d);
-            for (int j = 0; j < nr; j++) p[(size_t)(n + j) * n_keys + (t - first)] = dots[j] * scale;
+            for (int j = 0; j < nr; j++)
+                p[(size_t)(n + j) * n_keys + (t - first)] = bf16 ? zaya_round_bf16(zaya_round_bf16(dots[j]) * scale) : dots[j] * scale;
         }
     }
 }
 
 /* o_n = sum_t p_n[t] v_t for query heads [n0, n1) of KV head h, added in position order, four
- * positions per pass over o where their slots are adjacent. */
-static void attention_values(const KvCache *kv, int h, const float *p, float *out, int n0, int n1, int first, int pos) {
+ * positions per pass over o where their slots are adjacent; bf16: the sum rounded to bfloat16. */
+static void attention_values(const KvCache *kv, int h, const float *p, float *out, int n0, int n1, int first, int pos,
+                             int bf16) {
     const int d = kv->d, n_keys = pos - first + 1;
     memset(out + (size_t)n0 * d, 0, (size_t)(n1 - n0) * d * sizeof(float));
     for (int t = first, nt; t <= pos; t += nt) {
@@ -917,6 +914,7 @@ static void attention_values(const KvCache *kv, int h, const float *p, float *ou
                 for (int i = 0; i < d; i++) o[i] += pt[0] * v[i];
         }
     }
+    for (size_t i = (size_t)n0 * d; bf16 && i < (size_t)n1 * d; i++) out[i] = zaya_round_bf16(out[i]);
 }
 
 typedef struct {
@@ -924,6 +922,8 @@ typedef struct {
     const float *q;
     const KvCache *kv;
     int g, per, first, pos;   /* query heads per KV head, heads per piece */
+    float scale;
+    int bf16;
 } AttentionJob;
 
 /* A piece: `per` query heads of one KV head (a KV head's g heads read its keys and values once). */
@@ -932,20 +932,23 @@ static void attention_piece(void *ctx, int piece) {
     const int splits = (j->g + j->per - 1) / j->per, h = piece / splits;
     const int n0 = h * j->g + piece % splits * j->per, n1 = n0 + j->per < (h + 1) * j->g ? n0 + j->per : (h + 1) * j->g;
     const int n_keys = j->pos - j->first + 1;
-    attention_scores(j->kv, h, j->q, j->probs, n0, n1, j->first, j->pos);
+    attention_scores(j->kv, h, j->q, j->probs, n0, n1, j->first, j->pos, j->scale, j->bf16);
     for (int n = n0; n < n1; n++) softmax(j->probs + (size_t)n * n_keys, n_keys);
-    attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos);
+    for (size_t i = (size_t)n0 * n_keys; j->bf16 && i < (size_t)n1 * n_keys; i++) j->probs[i] = zaya_round_bf16(j->probs[i]);
+    attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos, j->bf16);
 }
 
-void attention(Kernels *k, float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos) {
+void attention(Kernels *k, float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos,
+               float scale, int bf16) {
     const int g = nq / kv->nkv, threads = (size_t)nq * (pos - first + 1) * kv->d >= PARALLEL_MIN_WORK / 4 ? k->pool.threads : 1;
     /* whole KV groups while there are enough of them for the threads; else groups split */
     const int splits = threads <= kv->nkv ? 1 : (threads + kv->nkv - 1) / kv->nkv < g ? (threads + kv->nkv - 1) / kv->nkv : g;
-    AttentionJob j = {out, probs, q, kv, g, (g + splits - 1) / splits, first, pos};
+    AttentionJob j = {out, probs, q, kv, g, (g + splits - 1) / splits, first, pos, scale, bf16};
     pool_run(&k->pool, attention_piece, &j, kv->nkv * ((g + j.per - 1) / j.per));
 }
 
-void attention_ref(float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos) {
+void attention_ref(float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos, float scale,
+                   int bf16) {
     const int d = kv->d, g = nq / kv->nkv, n_keys = pos - first + 1;
     for (int n = 0; n < nq; n++) {
         float *p = probs + (size_t)n * n_keys, *o = out + (size_t)n * d;
@@ -953,12 +956,14 @@ void attention_ref(float *out, float *probs, const float *q, int nq, const KvCac
             const float *key = kv->keys + kv_row(kv, n / g, t);
             float s = 0.0f;
             for (int i = 0; i < d; i++) s += q[(size_t)n * d + i] * key[i];
-            p[t - first] = s / sqrtf((float)d);
+            p[t - first] = bf16 ? zaya_round_bf16(zaya_round_bf16(s) * scale) : s * scale;
         }
         softmax(p, n_keys);
+        for (int t = 0; bf16 && t < n_keys; t++) p[t] = zaya_round_bf16(p[t]);
         for (int i = 0; i < d; i++) o[i] = 0.0f;
         for (int t = first; t <= pos; t++)
             for (int i = 0; i < d; i++) o[i] += p[t - first] * kv->values[kv_row(kv, n / g, t) + i];
+        for (int i = 0; bf16 && i < d; i++) o[i] = zaya_round_bf16(o[i]);
     }
 }
 

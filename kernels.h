@@ -56,10 +56,14 @@ static inline size_t kv_row(const KvCache *kv, int h, int pos) {
 
 /* Causal attention of one query token over the cached keys and values of positions first..pos:
  * for query head n (of nq) and its KV head n / (nq / nkv),
- *   probs[n][t - first] = softmax_t(q[n] . k_t * d^-1/2),  out[n] = sum_t probs[n][t - first] v_t.
- * q [nq, d], out [nq, d], probs [nq, pos - first + 1]. */
-void attention(Kernels *k, float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos);
-void attention_ref(float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos);
+ *   probs[n][t - first] = softmax_t(q[n] . k_t * scale),  out[n] = sum_t probs[n][t - first] v_t.
+ * q [nq, d], out [nq, d], probs [nq, pos - first + 1]; scale = d^-1/2 (HF's scaling). bf16: as the
+ * official code in bfloat16 (eager_attention_forward): q . k, its product with scale, the
+ * probabilities and out each rounded to bfloat16 (float32 inside the dot products and the softmax). */
+void attention(Kernels *k, float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos,
+               float scale, int bf16);
+void attention_ref(float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos, float scale,
+                   int bf16);
 
 /* softmax in float32 with the maximum subtracted (torch.softmax). */
 void softmax(float *x, int n);

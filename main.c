@@ -203,7 +203,7 @@ static void json_number(FILE *f, double v) {
 }
 
 static void write_dump(const char *dir, Dump *d, const ZayaModel *m, const char *model_path, int skip_mode,
-                       const int *tokens, int n_tokens) {
+                       int precision, const int *tokens, int n_tokens) {
     char path[4096];
     snprintf(path, sizeof path, "%s/index.json", dir);
     FILE *f = fopen(path, "w");
@@ -219,7 +219,10 @@ static void write_dump(const char *dir, Dump *d, const ZayaModel *m, const char 
     fprintf(f, "\", \"source_layout\": \"%s\", \"provenance\": %s},\n", m->source_layout ? "legacy" : "native",
             m->provenance[0] == '{' ? m->provenance : "null");
     fprintf(f, "  \"weight_format\": {\"dtype\": \"%s\", \"group_size\": %d},\n", formats[m->weight_format], m->group_size);
-    fprintf(f, "  \"skip_expert\": \"%s\",\n  \"tokens\": [", skip_mode == ZAYA_SKIP_PASSTHROUGH ? "passthrough" : "zero");
+    const char *precisions[] = {"fp32", "bf16", "bf16-torch1.13"};
+    fprintf(f, "  \"skip_expert\": \"%s\",\n", skip_mode == ZAYA_SKIP_PASSTHROUGH ? "passthrough" : "zero");
+    if (precision != ZAYA_PRECISION_FP32) fprintf(f, "  \"precision\": \"%s\",\n", precisions[precision]);
+    fprintf(f, "  \"tokens\": [");
     for (int i = 0; i < n_tokens; i++) fprintf(f, "%s%d", i ? ", " : "", tokens[i]);
     fprintf(f, "],\n  \"tensors\": [\n");
     for (int i = 0; i < d->n; i++) {
@@ -280,6 +283,8 @@ static void usage(FILE *f) {
           "  --no-think         chat: ask for an answer without a thinking block\n"
           "Model options:\n"
           "  --skip-expert zero|passthrough   skip-expert output: upstream zero (default) or Zyphra fork\n"
+          "  --precision fp32|bf16|bf16-torch1.13   round as the official run in float32 (default) or loaded in\n"
+          "                     bfloat16 (current torch; torch 1.13, the fixtures' torch); docs/bf16.md\n"
           "  --ctx N            context length (default min(4096, max_position_embeddings))\n"
           "  --threads N        threads (default: the cores this process may use; results are identical for any number)\n"
           "  --batch N          prompt tokens per batch, 1..256 (default 256; results are identical)\n"
@@ -357,7 +362,7 @@ static float parse_float(const char *flag, const char *v, float lo, float hi) {
 
 typedef struct {
     const char *model_path, *prompt, *ids, *dump_dir, *dump_filter, *system_prompt, *decode_ids, *mode;
-    int steps, steps_given, print_ids, skip_expert, ctx, threads, batch, verify, hugepages, list_taps, encode, no_think;
+    int steps, steps_given, print_ids, skip_expert, precision, ctx, threads, batch, verify, hugepages, list_taps, encode, no_think;
     int trace_pos, trace_layer;
     float temperature, topp;
     uint64_t seed;
@@ -391,7 +396,7 @@ static Options parse_args(int argc, char **argv) {
             else o.no_think = 1;
             continue;
         }
-        static const char *with_value[] = {"-i", "--ids", "-n", "-t", "-p", "-s", "-m", "-y", "--skip-expert", "--ctx",
+        static const char *with_value[] = {"-i", "--ids", "-n", "-t", "-p", "-s", "-m", "-y", "--skip-expert", "--precision", "--ctx",
                                            "--threads", "--batch", "--dump", "--dump-filter", "--trace", "--trace-layer",
                                            "--decode", NULL};
         int known = 0;
@@ -413,6 +418,12 @@ static Options parse_args(int argc, char **argv) {
             if (!strcmp(v, "zero")) o.skip_expert = ZAYA_SKIP_ZERO;
             else if (!strcmp(v, "passthrough")) o.skip_expert = ZAYA_SKIP_PASSTHROUGH;
             else die("bad value for --skip-expert: \"%s\"\n  expected: zero (upstream transformers/vLLM) or passthrough (Zyphra's fork)", v);
+        } else if (!strcmp(a, "--precision")) {
+            if (!strcmp(v, "fp32")) o.precision = ZAYA_PRECISION_FP32;
+            else if (!strcmp(v, "bf16")) o.precision = ZAYA_PRECISION_BF16;
+            else if (!strcmp(v, "bf16-torch1.13")) o.precision = ZAYA_PRECISION_BF16_TORCH113;
+            else die("bad value for --precision: \"%s\"\n  expected: fp32 (default), bf16 (the official code loaded in bfloat16) "
+                     "or bf16-torch1.13 (the same with torch 1.13's rounding, as the fixtures were made)", v);
         } else if (!strcmp(a, "--ctx")) o.ctx = (int)parse_int(a, v, 1, 1 << 30);
         else if (!strcmp(a, "--threads")) o.threads = (int)parse_int(a, v, 1, 1024);
         else if (!strcmp(a, "--batch")) o.batch = (int)parse_int(a, v, 1, ZAYA_BATCH);
@@ -741,6 +752,7 @@ int main(int argc, char **argv) {
     if (zaya_state_init(&s, &m, ctx, o.threads, err, sizeof err) != 0) die("%s", err);
     fprintf(stderr, "threads: %d%s\n", zaya_state_threads(&s), o.threads ? "" : " (the cores this process may use; --threads N to change)");
     s.skip_expert = o.skip_expert;
+    s.precision = o.precision;
     if (o.batch) s.batch = o.batch;
     if (o.list_taps) { list_taps(&m, &s); zaya_state_free(&s); zaya_free(&m); return 0; }
     int chat = !strcmp(o.mode, "chat");
@@ -783,7 +795,7 @@ int main(int argc, char **argv) {
     }
     if (o.dump_dir) {
         zaya_state_taps(&m, &s, dump_state_tap, &dump);
-        write_dump(o.dump_dir, &dump, &m, o.model_path, o.skip_expert, prompt, n_prompt);
+        write_dump(o.dump_dir, &dump, &m, o.model_path, o.skip_expert, o.precision, prompt, n_prompt);
         for (int i = 0; i < dump.n; i++) free(dump.t[i].data);
         free(dump.t);
         if (dump.has_filter) regfree(&dump.filter);

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 /* Tensor dtypes in the blob. Q8 = symmetric int8 in groups of `group_size` consecutive weights
  * along a row, one float32 scale per group (w = q * scale), values first then scales.
@@ -47,6 +48,17 @@ static inline size_t zaya_q8_position(int i, int cols, int group) {
     if (group % 2 || i >= cols / block * block) return (size_t)i;   /* odd groups and the tail: unpermuted */
     const int b = i / block, k = (i % block) / group, j = i % group;
     return (size_t)b * block + (size_t)(j / 2) * 16 + 2 * k + j % 2;
+}
+
+/* float32 to the nearest bfloat16 (ties to even; inf stays inf, NaN stays NaN), as a float32: what
+ * torch's .to(torch.bfloat16) keeps of a value. */
+static inline float zaya_round_bf16(float f) {
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return f;
+    b = (b + 0x7fffu + ((b >> 16) & 1)) & 0xffff0000u;
+    memcpy(&f, &b, sizeof f);
+    return f;
 }
 
 /* CRC-32 (IEEE, as Python's zlib.crc32) of n bytes, continuing crc (0 to start). The 256-entry

@@ -51,7 +51,7 @@ typedef struct ZayaActivations {
 } Activations;
 
 /* What a step works on besides its tensors: n tokens at positions pos .. pos+n-1 of layer `layer`
- * (-1 before and after the layers), the kernels, scratch and the tap. */
+ * (-1 before and after the layers), the precision, the kernels, scratch and the tap. */
 typedef struct {
     const ZayaConfig *c;
     Activations *act;
@@ -59,7 +59,23 @@ typedef struct {
     ZayaTapFn tap;              /* NULL: no taps */
     void *tap_ctx;
     int layer, pos, n;
+    int precision;              /* ZAYA_PRECISION_*: where the official run holds bf16 tensors */
 } Batch;
+
+/* x as the official code holds it: with --precision bf16 that tensor is bfloat16 in the official run,
+ * so x is rounded (to nearest, ties to even); in float32 x is unchanged. Each call is a rounding
+ * point of docs/bf16.md. */
+static float held(const Batch *b, float x) { return b->precision != ZAYA_PRECISION_FP32 ? zaya_round_bf16(x) : x; }
+
+/* The same for n values x[t * stride + i], i < len, t < n (a product's output rows). */
+static void held_rows(const Batch *b, float *x, int stride, int len, int n) {
+    for (int t = 0; b->precision != ZAYA_PRECISION_FP32 && t < n; t++)
+        for (int i = 0; i < len; i++) x[(size_t)t * stride + i] = zaya_round_bf16(x[(size_t)t * stride + i]);
+}
+
+/* A Python float constant multiplying a tensor: torch 1.13 rounds it to the tensor's bfloat16 first,
+ * current torch keeps it float32. */
+static float scalar(const Batch *b, float v) { return b->precision == ZAYA_PRECISION_BF16_TORCH113 ? zaya_round_bf16(v) : v; }
 
 /* Reports a step's output to the tap (--dump, --trace) under its HF module path: row t, `stride`
  * floats after row t-1, is the tensor [d0] (d1 = 0) or [d0, d1] of position pos + t. */
@@ -86,6 +102,13 @@ static void tap_scalars(const Batch *b, const char *name, const void *x, int is_
 static float gelu(float x) { return x * 0.5f * (1.0f + erff(x * 0.70710678118654752440f)); }   /* exact (erf) GELU */
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* SiLU as the official run computes it: float32 inside, rounded once to bf16; torch 1.13 rounded
+ * exp(-x), 1 + exp(-x) and the quotient each. */
+static float silu_held(const Batch *b, float x) {
+    if (b->precision == ZAYA_PRECISION_BF16_TORCH113) return held(b, x / held(b, 1.0f + held(b, expf(-x))));
+    return held(b, silu(x));
+}
+
 /* y[t] += bias for the n rows of y (stride floats apart), `len` values each. */
 static void add_bias(float *y, int stride, const float *bias, int len, int n) {
     for (int t = 0; t < n; t++)
@@ -93,34 +116,39 @@ static void add_bias(float *y, int stride, const float *bias, int len, int n) {
 }
 
 /* §3.1 HF ZayaModel.forward: e = embed_tokens[id]; r = (e + input_hidden_states_bias) *
- * input_hidden_states_scale, no sqrt(H) factor. ids [n] -> r [n, H] */
+ * input_hidden_states_scale, no sqrt(H) factor; bf16: e, the sum and the product are bf16, then r
+ * is kept float32 (the residual stream). ids [n] -> r [n, H] */
 static void embed(const Batch *b, const ZayaModel *m, const int *tokens, float *e, float *r) {
     const int H = b->c->hidden_size;
     for (int t = 0; t < b->n; t++) matrix_row(&m->embed_tokens, tokens[t], e + (size_t)t * H);
+    held_rows(b, e, H, H, b->n);
     tap(b, "model.embed_tokens", e, H, H, 0);
     for (int t = 0; t < b->n; t++)
         for (int i = 0; i < H; i++)
-            r[(size_t)t * H + i] = (e[(size_t)t * H + i] + m->input_hidden_states_bias[i]) * m->input_hidden_states_scale[i];
+            r[(size_t)t * H + i] = held(b, held(b, e[(size_t)t * H + i] + m->input_hidden_states_bias[i]) * m->input_hidden_states_scale[i]);
     tap(b, "model:input_scaled", r, H, H, 0);
 }
 
 /* §3.2 (and 3.13, 3.14, 3.17) HF ZayaRMSNorm: out = w * (x / sqrt(mean(x^2) + eps)), the weight
- * itself (not 1+w). [n, dim] -> [n, dim] */
+ * itself (not 1+w); bf16: the input rounded (the residual stream is float32), the statistics in
+ * float32, x / rms rounded before the weight, the product rounded. [n, dim] -> [n, dim] */
 static void rmsnorm(const Batch *b, const char *name, float *out, const float *x, const float *w, int dim, float eps) {
     for (int t = 0; t < b->n; t++) {
         const float *xt = x + (size_t)t * dim;
         float *o = out + (size_t)t * dim, ss = 0.0f;
-        for (int i = 0; i < dim; i++) ss += xt[i] * xt[i];
+        for (int i = 0; i < dim; i++) ss += held(b, xt[i]) * held(b, xt[i]);
         const float inv_rms = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int i = 0; i < dim; i++) o[i] = w[i] * (xt[i] * inv_rms);
+        for (int i = 0; i < dim; i++) o[i] = held(b, w[i] * held(b, held(b, xt[i]) * inv_rms));
     }
     tap(b, name, out, dim, dim, 0);
 }
 
-/* HF nn.Linear: y = W x (+ bias) for each token. [n, W.cols] -> [n, W.rows] */
+/* HF nn.Linear: y = W x (+ bias) for each token; bf16: accumulated in float32, rounded once with
+ * the bias inside. [n, W.cols] -> [n, W.rows] */
 static void linear(const Batch *b, const char *name, float *y, const ZayaMatrix *w, const float *bias, const float *x) {
     matmul(b->kern, y, w->rows, w, x, w->cols, b->n);
     if (bias) add_bias(y, w->rows, bias, w->rows, b->n);
+    held_rows(b, y, w->rows, w->rows, b->n);
     tap(b, name, y, w->rows, w->rows, 0);
 }
 
@@ -132,6 +160,7 @@ static void cca_projections(const Batch *b, const ZayaLayer *L, const float *h, 
     matmuls(b->kern, out, 2, h, L->q_proj.cols, b->n);   /* two products of h in one call */
     if (L->q_proj_bias) add_bias(u, C, L->q_proj_bias, QD, b->n);
     if (L->k_proj_bias) add_bias(u + QD, C, L->k_proj_bias, KD, b->n);
+    held_rows(b, u, C, C, b->n);
     tap(b, "self_attn.qkv_proj.q_proj", u, C, QD, 0);
     tap(b, "self_attn.qkv_proj.k_proj", u + QD, C, KD, 0);
 }
@@ -141,7 +170,8 @@ static void cca_projections(const Batch *b, const ZayaLayer *L, const float *h, 
  *   depthwise (conv_qk_depthwise, kernel t0): a_j[c] = b0[c] + sum_m w0[c,0,m] u_{j-t0+1+m}[c]
  *   grouped   (conv_qk_grouped, kernel t1, a group of d channels per head, o in head g's group):
  *             z_t[o] = b1[o] + sum_k sum_i w1[o,i,k] a_{t-t1+1+k}[g*d + i]
- * The conv state then keeps the last K inputs, raw. u [n, C] -> z [n, C] */
+ * The conv state then keeps the last K inputs, raw. bf16: a and z each rounded once, their bias
+ * inside. u [n, C] -> z [n, C] */
 static void cca_convolutions(const Batch *b, const ZayaLayer *L, float *conv_state, const float *u, float *z) {
     const ZayaConfig *c = b->c;
     const int n = b->n, d = c->head_dim, C = (c->num_heads + c->num_kv_heads) * d;
@@ -153,7 +183,7 @@ static void cca_convolutions(const Batch *b, const ZayaLayer *L, float *conv_sta
         for (int ch = 0; ch < C; ch++) {
             float sum = L->conv_qk_depthwise_bias[ch];
             for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * seq[(size_t)(K + j - t0 + 1 + m) * C + ch];
-            a[(size_t)(t1 - 1 + j) * C + ch] = sum;
+            a[(size_t)(t1 - 1 + j) * C + ch] = held(b, sum);
         }
     tap(b, "self_attn.qkv_proj.conv_qk_depthwise", a + (size_t)(t1 - 1) * C, C, C, 0);
     for (int t = 0; t < n; t++)                                          /* token t's a_{t-t1+1+k}[ch] at [ch * t1 + k] */
@@ -162,37 +192,39 @@ static void cca_convolutions(const Batch *b, const ZayaLayer *L, float *conv_sta
     const ZayaMatrix grouped = {.dtype = ZAYA_F32, .rows = C, .cols = d * t1, .data = L->conv_qk_grouped_weight};
     matmul_grouped(b->kern, z, C, &grouped, C / d, cols, C * t1, n);     /* torch's Conv1d(groups = nq + nkv) as one product */
     add_bias(z, C, L->conv_qk_grouped_bias, C, n);
+    held_rows(b, z, C, C, n);
     tap(b, "self_attn.qkv_proj.conv_qk_grouped", z, C, C, 0);
     memcpy(conv_state, seq + (size_t)n * C, sizeof(float) * (size_t)K * C);   /* u_{n-K} .. u_{n-1} */
 }
 
 /* §3.5 HF ZayaCCAProjection, the residual mix: q_res[n] = (q~[n] + k~[n/g]) / 2 for query head n,
- * k_res[j] = the mean of q_res over KV head j's g query heads. u [n, C] -> [n, nq, d], [n, nkv, d] */
+ * k_res[j] = the mean of q_res over KV head j's g query heads; bf16: the sum of two heads rounded;
+ * the mean's sum rounded, then its quotient. u [n, C] -> [n, nq, d], [n, nkv, d] */
 static void residual_mix(const Batch *b, const float *u, float *q_res, float *k_res) {
     const int d = b->c->head_dim, nq = b->c->num_heads, nkv = b->c->num_kv_heads, g = nq / nkv, C = (nq + nkv) * d;
     for (int t = 0; t < b->n; t++) {
         const float *q_tilde = u + (size_t)t * C, *k_tilde = q_tilde + (size_t)nq * d;
         float *qr = q_res + (size_t)t * nq * d, *kr = k_res + (size_t)t * nkv * d;
         for (int head = 0; head < nq; head++)
-            for (int i = 0; i < d; i++) qr[head * d + i] = (q_tilde[head * d + i] + k_tilde[(head / g) * d + i]) * 0.5f;
+            for (int i = 0; i < d; i++) qr[head * d + i] = held(b, q_tilde[head * d + i] + k_tilde[(head / g) * d + i]) * 0.5f;
         for (int j = 0; j < nkv; j++)
             for (int i = 0; i < d; i++) {
                 float sum = 0.0f;
                 for (int r = 0; r < g; r++) sum += qr[(j * g + r) * d + i];
-                kr[j * d + i] = sum / (float)g;
+                kr[j * d + i] = held(b, held(b, sum) / (float)g);
             }
     }
     tap(b, "self_attn.qkv_proj:query_residual", q_res, nq * d, nq, d);
     tap(b, "self_attn.qkv_proj:key_residual", k_res, nkv * d, nkv, d);
 }
 
-/* §3.6 q = z[query channels] + q_res, k = z[key channels] + k_res (HF qkv_proj outputs 0 and 1).
- * -> [n, nq, d], [n, nkv, d] */
+/* §3.6 q = z[query channels] + q_res, k = z[key channels] + k_res (HF qkv_proj outputs 0 and 1);
+ * bf16: each sum rounded. -> [n, nq, d], [n, nkv, d] */
 static void qk_assembly(const Batch *b, const float *z, const float *q_res, const float *k_res, float *q, float *key) {
     const int d = b->c->head_dim, QD = b->c->num_heads * d, KD = b->c->num_kv_heads * d, C = QD + KD;
     for (int t = 0; t < b->n; t++) {
-        for (int i = 0; i < QD; i++) q[(size_t)t * QD + i] = z[(size_t)t * C + i] + q_res[(size_t)t * QD + i];
-        for (int i = 0; i < KD; i++) key[(size_t)t * KD + i] = z[(size_t)t * C + QD + i] + k_res[(size_t)t * KD + i];
+        for (int i = 0; i < QD; i++) q[(size_t)t * QD + i] = held(b, z[(size_t)t * C + i] + q_res[(size_t)t * QD + i]);
+        for (int i = 0; i < KD; i++) key[(size_t)t * KD + i] = held(b, z[(size_t)t * C + QD + i] + k_res[(size_t)t * KD + i]);
     }
     tap(b, "self_attn.qkv_proj:query", q, QD, b->c->num_heads, d);
     tap(b, "self_attn.qkv_proj:key", key, KD, b->c->num_kv_heads, d);
@@ -200,13 +232,16 @@ static void qk_assembly(const Batch *b, const float *z, const float *q_res, cons
 
 /* §3.7 HF ZayaCCAProjection, the values: v_t = [v_proj_current h_t ; v_proj_delayed h_{t-1}] (+ biases),
  * viewed as [nkv, d] (with an odd nkv the middle head is half current, half delayed). The delayed
- * value carries v_proj_delayed h_{t-1} from token to token. h [n, H] -> v [n, nkv, d] */
+ * value carries v_proj_delayed h_{t-1} from token to token. bf16: both products rounded once, their
+ * bias inside. h [n, H] -> v [n, nkv, d] */
 static void values(const Batch *b, const ZayaLayer *L, float *delayed_value, const float *h, float *v, float *vd) {
     const int half = L->v_proj_current.rows, VD = 2 * half;
     const MatmulOut out[2] = {{&L->v_proj_current, v, VD}, {&L->v_proj_delayed, vd, half}};
     matmuls(b->kern, out, 2, h, L->v_proj_current.cols, b->n);           /* two products of h in one call */
     if (L->v_proj_current_bias) add_bias(v, VD, L->v_proj_current_bias, half, b->n);
     if (L->v_proj_delayed_bias) add_bias(vd, half, L->v_proj_delayed_bias, half, b->n);
+    held_rows(b, v, VD, half, b->n);
+    held_rows(b, vd, half, half, b->n);
     tap(b, "self_attn.qkv_proj.v_proj_current", v, VD, half, 0);
     tap(b, "self_attn.qkv_proj.v_proj_delayed", vd, half, half, 0);
     for (int t = 0; t < b->n; t++) {   /* token after token: the previous token's delayed value, then its own */
@@ -216,15 +251,20 @@ static void values(const Batch *b, const ZayaLayer *L, float *delayed_value, con
     tap(b, "self_attn.qkv_proj:value", v, VD, b->c->num_kv_heads, b->c->head_dim);
 }
 
-/* Each of `heads` heads of x scaled to norm sqrt(d) (the norm clamped at FLT_EPSILON), times temp[n]
- * if given (HF ZayaQKNorm.forward on one tensor). */
-static void normalize_heads(float *x, int heads, int d, const float *temp) {
+/* Each of `heads` heads of x scaled to norm sqrt(d) (the norm clamped at the dtype's epsilon), times
+ * temp[n] if given (HF ZayaQKNorm.forward on one tensor). bf16: the norm rounded and clamped at
+ * bf16's epsilon 2^-7 (torch 1.13 summed the squares in bf16, rounding each square and each partial
+ * sum); sqrt(d) / norm runs as torch runs a scalar over a tensor, reciprocal(norm) rounded then times
+ * sqrt(d) rounded; x times that rounded; times temp rounded. */
+static void normalize_heads(const Batch *b, float *x, int heads, int d, const float *temp) {
     const float sqrt_d = sqrtf((float)d);
+    const int bf16_sum = b->precision == ZAYA_PRECISION_BF16_TORCH113;
     for (int n = 0; n < heads; n++) {
         float *v = x + (size_t)n * d, ss = 0.0f;
-        for (int i = 0; i < d; i++) ss += v[i] * v[i];
-        const float scale = sqrt_d / fmaxf(sqrtf(ss), FLT_EPSILON);
-        for (int i = 0; i < d; i++) v[i] = v[i] * scale * (temp ? temp[n] : 1.0f);
+        for (int i = 0; i < d; i++) ss = bf16_sum ? held(b, ss + held(b, v[i] * v[i])) : ss + v[i] * v[i];
+        const float scale = b->precision == ZAYA_PRECISION_FP32 ? sqrt_d / fmaxf(sqrtf(ss), FLT_EPSILON)
+                            : held(b, held(b, 1.0f / fmaxf(held(b, sqrtf(ss)), 0x1p-7f)) * scalar(b, sqrt_d));
+        for (int i = 0; i < d; i++) v[i] = held(b, held(b, v[i] * scale) * (temp ? temp[n] : 1.0f));
     }
 }
 
@@ -233,16 +273,16 @@ static void normalize_heads(float *x, int heads, int d, const float *temp) {
 static void qk_norm(const Batch *b, float *q, float *key, const float *temp) {
     const int d = b->c->head_dim, nq = b->c->num_heads, nkv = b->c->num_kv_heads;
     for (int t = 0; t < b->n; t++) {
-        normalize_heads(q + (size_t)t * nq * d, nq, d, NULL);
-        normalize_heads(key + (size_t)t * nkv * d, nkv, d, temp);
+        normalize_heads(b, q + (size_t)t * nq * d, nq, d, NULL);
+        normalize_heads(b, key + (size_t)t * nkv * d, nkv, d, temp);
     }
     tap(b, "self_attn.qk_norm:query", q, nq * d, nq, d);
     tap(b, "self_attn.qk_norm:key", key, nkv * d, nkv, d);
 }
 
 /* §3.9 HF ZayaRotaryEmbedding, apply_rotary_pos_emb: partial NeoX RoPE of the layer's type on dims
- * [0, rot) of every query and key head, pairs (j, j + rot/2), inv_freq and angles in float32.
- * In place, [n, nq, d] and [n, nkv, d] */
+ * [0, rot) of every query and key head, pairs (j, j + rot/2), inv_freq and angles in float32; bf16:
+ * cos and sin rounded, then each product and each sum. In place, [n, nq, d] and [n, nkv, d] */
 static void rope(const Batch *b, int type, float *q, float *key) {
     const ZayaConfig *c = b->c;
     const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads, rot = c->rope_dim[type], half = rot / 2;
@@ -251,15 +291,15 @@ static void rope(const Batch *b, int type, float *q, float *key) {
         const int pos = b->pos + t;
         for (int j = 0; j < half; j++) {
             const float inv_freq = 1.0f / powf(c->rope_theta[type], (float)(2 * j) / (float)rot);
-            cos_t[j] = cosf((float)pos * inv_freq);
-            sin_t[j] = sinf((float)pos * inv_freq);
+            cos_t[j] = held(b, cosf((float)pos * inv_freq));
+            sin_t[j] = held(b, sinf((float)pos * inv_freq));
         }
         for (int head = 0; head < nq + nkv; head++) {
             float *x = head < nq ? q + ((size_t)t * nq + head) * d : key + ((size_t)t * nkv + head - nq) * d;
             for (int j = 0; j < half; j++) {
                 const float x0 = x[j], x1 = x[j + half];
-                x[j] = x0 * cos_t[j] - x1 * sin_t[j];
-                x[j + half] = x1 * cos_t[j] + x0 * sin_t[j];
+                x[j] = held(b, held(b, x0 * cos_t[j]) - held(b, x1 * sin_t[j]));
+                x[j + half] = held(b, held(b, x1 * cos_t[j]) + held(b, x0 * sin_t[j]));
             }
         }
     }
@@ -269,13 +309,15 @@ static void rope(const Batch *b, int type, float *q, float *key) {
 
 /* §3.10 HF ZayaAttention, eager_attention_forward: token after token, its key and value join the KV
  * cache (arch §4), then each query head n attends, with KV head n/g, over the keys first..pos:
- * softmax(q . k * d^-1/2) . v (sliding layers: the last sliding_window positions).
+ * softmax(q . k * d^-1/2) . v (sliding layers: the last sliding_window positions); bf16: the
+ * kernel rounds where eager_attention_forward holds bf16 (q . k, scaled, probabilities, output).
  * q [n, nq*d], key and v [n, nkv*d] -> [n, nq*d] */
 static void self_attention(const Batch *b, int type, ZayaLayerState *ls, const float *q, const float *key,
                            const float *v, float *out) {
     const ZayaConfig *c = b->c;
     const int d = c->head_dim, nq = c->num_heads, nkv = c->num_kv_heads;
     const KvCache kv = {ls->key_cache, ls->value_cache, ls->cache_len, nkv, d};
+    const float scale = scalar(b, 1.0f / sqrtf((float)d));   /* HF: scaling = head_dim ** -0.5 */
     for (int t = 0; t < b->n; t++) {
         const int pos = b->pos + t;
         for (int j = 0; j < nkv; j++) {
@@ -283,7 +325,8 @@ static void self_attention(const Batch *b, int type, ZayaLayerState *ls, const f
             memcpy(ls->value_cache + kv_row(&kv, j, pos), v + ((size_t)t * nkv + j) * d, sizeof(float) * (size_t)d);
         }
         const int first = type == ZAYA_HYBRID_SLIDING && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
-        attention(b->kern, out + (size_t)t * nq * d, b->act->att, q + (size_t)t * nq * d, nq, &kv, first, pos);
+        attention(b->kern, out + (size_t)t * nq * d, b->act->att, q + (size_t)t * nq * d, nq, &kv, first, pos, scale,
+                  b->precision != ZAYA_PRECISION_FP32);
         if (b->tap) {   /* [nq, keys]: HF's attn_weights row without the masked zeros (ragged) */
             const ZayaTap w = {"self_attn:attn_weights", b->layer, pos, 0, 2, {nq, pos - first + 1}, b->act->att, 1};
             b->tap(b->tap_ctx, &w);
@@ -293,27 +336,32 @@ static void self_attention(const Batch *b, int type, ZayaLayerState *ls, const f
 }
 
 /* §3.12 and 3.16 HF ZayaResidualScaling: r = (branch + hidden_states_bias) * hidden_states_scale +
- * (r + residual_bias) * residual_scale. In place on r [n, H] */
+ * (r + residual_bias) * residual_scale; bf16: the branch's sum and product rounded, the residual's
+ * side and the total float32 (the residual stream). In place on r [n, H] */
 static void residual_scaling(const Batch *b, const char *name, float *r, const float *branch, const ZayaResidualScale *p) {
     const int H = b->c->hidden_size;
     for (int t = 0; t < b->n; t++)
         for (int i = 0; i < H; i++) {
             const size_t at = (size_t)t * H + i;
-            r[at] = (branch[at] + p->hidden_states_bias[i]) * p->hidden_states_scale[i] + (r[at] + p->residual_bias[i]) * p->residual_scale[i];
+            r[at] = held(b, held(b, branch[at] + p->hidden_states_bias[i]) * p->hidden_states_scale[i]) +
+                    (r[at] + p->residual_bias[i]) * p->residual_scale[i];
         }
     tap(b, name, r, H, H, 0);
 }
 
 /* §3.14.2 EDA, exponential decay averaging over depth: rho = down + rho_prev * router_states_scale,
- * rho_prev the previous layer's state of the same token; layer 0 (no scale) starts it. [n, R] */
+ * rho_prev the previous layer's state of the same token; layer 0 (no scale) starts it. bf16: the
+ * product rounded, then the sum. [n, R] */
 static void eda(const Batch *b, const float *states_scale, const float *down, float *rho) {
     const int R = b->c->router_hidden;
-    for (size_t i = 0; i < (size_t)b->n * R; i++) rho[i] = states_scale ? down[i] + rho[i] * states_scale[i % R] : down[i];
+    for (size_t i = 0; i < (size_t)b->n * R; i++)
+        rho[i] = states_scale ? held(b, down[i] + held(b, rho[i] * states_scale[i % R])) : down[i];
     tap(b, "mlp.gate:router_state", rho, R, R, 0);
 }
 
 /* §3.14.5-6 softmax over all E+1 classes, then top-1 of the probabilities plus balancing_biases
- * (ties: the lowest class); the weight is the unbiased probability. [n, E+1] -> class, weight [n] */
+ * (ties: the lowest class); the weight is the unbiased probability. bf16: the probabilities rounded
+ * (float32 inside), the float32 biases added to them in float32. [n, E+1] -> class, weight [n] */
 static void route(const Batch *b, const float *balancing_biases, const float *logits, float *probs, float *scores,
                   int *expert, float *weight) {
     const int E1 = b->c->num_experts + 1;
@@ -321,6 +369,7 @@ static void route(const Batch *b, const float *balancing_biases, const float *lo
         float *p = probs + (size_t)t * E1, *score = scores + (size_t)t * E1;
         memcpy(p, logits + (size_t)t * E1, sizeof(float) * (size_t)E1);
         softmax(p, E1);
+        for (int e = 0; e < E1; e++) p[e] = held(b, p[e]);
         int best = 0;
         for (int e = 0; e < E1; e++) {
             score[e] = p[e] + balancing_biases[e];
@@ -343,9 +392,9 @@ static void router(const Batch *b, const ZayaLayer *L, const float *h, float *rh
     eda(b, L->router_states_scale, act->router_down, rho);
     rmsnorm(b, "mlp.gate.router_mlp.norm", act->router_normed, rho, L->router_norm, b->c->router_hidden, b->c->router_norm_eps);
     linear(b, "mlp.gate.router_mlp.fc1", act->router_fc1, &L->router_fc1, L->router_fc1_bias, act->router_normed);
-    for (size_t i = 0; i < nR; i++) act->router_fc1[i] = gelu(act->router_fc1[i]);
+    for (size_t i = 0; i < nR; i++) act->router_fc1[i] = held(b, gelu(act->router_fc1[i]));
     linear(b, "mlp.gate.router_mlp.fc2", act->router_fc2, &L->router_fc2, L->router_fc2_bias, act->router_fc1);
-    for (size_t i = 0; i < nR; i++) act->router_fc2[i] = gelu(act->router_fc2[i]);
+    for (size_t i = 0; i < nR; i++) act->router_fc2[i] = held(b, gelu(act->router_fc2[i]));
     linear(b, "mlp.gate.router_mlp", act->router_logits, &L->router_out_proj, NULL, act->router_fc2);   /* out_proj */
     route(b, L->balancing_biases, act->router_logits, act->router_probs, act->router_scores, expert, weight);
 }
@@ -353,7 +402,8 @@ static void router(const Batch *b, const ZayaLayer *L, const float *h, float *rh
 /* §3.15 HF ZayaSparseMoeBlock, ZayaExperts (SwiGLU): y = weight * down_proj(SiLU(gate) * up) with
  * [gate ; up] = gate_up_proj h of the chosen expert; each chosen expert runs once, on the tokens
  * routed to it. The skip class (arch §6a): upstream a zero output and weight, Zyphra's fork
- * (skip_mode ZAYA_SKIP_PASSTHROUGH) weight * h. h [n, H] -> y [n, H] */
+ * (skip_mode ZAYA_SKIP_PASSTHROUGH) weight * h. bf16: each product rounded, SiLU(gate), times up
+ * and times the weight each rounded. h [n, H] -> y [n, H] */
 static void experts(const Batch *b, const ZayaLayer *L, int skip_mode, const float *h, const int *expert, float *weight,
                     float *y) {
     Activations *act = b->act;
@@ -368,13 +418,15 @@ static void experts(const Batch *b, const ZayaLayer *L, int skip_mode, const flo
         if (!cnt) continue;   /* only the chosen experts' weights are read */
         const ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, e * 2 * I, 2 * I), down = matrix_rows(&L->experts_down, e * H, H);
         matmul(b->kern, act->expert_hidden, 2 * I, &gate_up, act->expert_in, H, cnt);
+        held_rows(b, act->expert_hidden, 2 * I, 2 * I, cnt);
         for (int j = 0; j < cnt; j++) {
             float *gate = act->expert_hidden + (size_t)j * 2 * I, *up = gate + I;
-            for (int i = 0; i < I; i++) gate[i] = silu(gate[i]) * up[i];
+            for (int i = 0; i < I; i++) gate[i] = held(b, silu_held(b, gate[i]) * up[i]);
         }
         matmul(b->kern, act->expert_out, H, &down, act->expert_hidden, 2 * I, cnt);
+        held_rows(b, act->expert_out, H, H, cnt);
         for (int j = 0; j < cnt; j++)
-            for (int i = 0; i < H; i++) y[(size_t)idx[j] * H + i] = weight[idx[j]] * act->expert_out[(size_t)j * H + i];
+            for (int i = 0; i < H; i++) y[(size_t)idx[j] * H + i] = held(b, weight[idx[j]] * act->expert_out[(size_t)j * H + i]);
     }
     for (int t = 0; t < b->n; t++) {
         if (expert[t] != E) continue;
@@ -393,16 +445,17 @@ static void experts(const Batch *b, const ZayaLayer *L, int skip_mode, const flo
  * LOGIT_ROWS tokens. */
 #define LOGIT_ROWS 8
 
-/* §3.18 HF ZayaForCausalLM.lm_head, tied to embed_tokens: logits = embed_tokens f (+ lm_head bias).
- * The last token's logits end in logits[0, V); with a tap, every token's are computed and reported.
- * f [n, H] -> [V] */
+/* §3.18 HF ZayaForCausalLM.lm_head, tied to embed_tokens: logits = embed_tokens f (+ lm_head bias);
+ * bf16: rounded once. The last token's logits end in logits[0, V); with a tap, every token's are
+ * computed and reported. f [n, H] -> [V] */
 static void lm_head(const Batch *b, const ZayaModel *m, const float *f, float *logits) {
     const int V = b->c->vocab_size, H = b->c->hidden_size;
     for (int first = b->tap ? 0 : b->n - 1, rows = 0; first < b->n; first += rows) {
         rows = b->n - first < LOGIT_ROWS ? b->n - first : LOGIT_ROWS;
         matmul(b->kern, logits, V, &m->embed_tokens, f + (size_t)first * H, H, rows);
         if (m->lm_head_bias) add_bias(logits, V, m->lm_head_bias, V, rows);
-        const Batch chunk = {b->c, b->act, b->kern, b->tap, b->tap_ctx, b->layer, b->pos + first, rows};
+        held_rows(b, logits, V, V, rows);
+        const Batch chunk = {b->c, b->act, b->kern, b->tap, b->tap_ctx, b->layer, b->pos + first, rows, b->precision};
         tap(&chunk, "logits", logits, V, V, 0);
         if (first + rows == b->n) memmove(logits, logits + (size_t)(rows - 1) * V, sizeof(float) * (size_t)V);
     }
@@ -416,7 +469,7 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
     const ZayaConfig *c = &m->config;
     const int H = c->hidden_size;
     Activations *a = s->act;
-    Batch b = {c, a, s->kernels, s->tap, s->tap_ctx, -1, s->pos, n};
+    Batch b = {c, a, s->kernels, s->tap, s->tap_ctx, -1, s->pos, n, s->precision};
 
     embed(&b, m, tokens, a->e, a->r);                                               /* §3.1  ids -> r [n, H] */
     for (int i = 0; i < c->num_layers; i++) {                                      /* HF ZayaDecoderLayer */
@@ -555,6 +608,11 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
             return zaya_fail(err, errlen, "token id %d (position %d) is outside the vocabulary\n  expected: 0..%d",
                              tokens[t], s->pos + t, c->vocab_size - 1);
+    if (s->precision != ZAYA_PRECISION_FP32 && (m->source_layout != 0 || s->skip_expert == ZAYA_SKIP_PASSTHROUGH))
+        return zaya_fail(err, errlen, "--precision bf16 emulates upstream transformers' bf16 run; this run is Zyphra's fork's (%s)\n"
+                         "  expected: a blob exported from the native layout, --skip-expert zero\n"
+                         "  hint: the fork rounds differently in bf16 (docs/bf16.md); run it in fp32, or export the native checkpoint",
+                         m->source_layout != 0 ? "a legacy-layout blob" : "--skip-expert passthrough");
     if (n > s->ctx - s->pos)
         return zaya_fail(err, errlen, "context is full: %d positions used of %d, %d more needed\n"
                          "  hint: start a new conversation or raise --ctx (max %d)", s->pos, s->ctx, n, c->max_position);

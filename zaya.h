@@ -25,6 +25,12 @@
 enum { ZAYA_HYBRID = 0, ZAYA_HYBRID_SLIDING = 1 };
 
 
+/* Where forward() rounds (docs/bf16.md): float32 everywhere (the default, the official float32 run),
+ * or where the official code loaded in bfloat16 holds a bf16 tensor (ZAYA_PRECISION_BF16: current
+ * torch; ZAYA_PRECISION_BF16_TORCH113: torch 1.13, which made the fixtures: Python scalars rounded to
+ * bf16 before they multiply a tensor, SiLU rounded at each of its steps). */
+enum { ZAYA_PRECISION_FP32 = 0, ZAYA_PRECISION_BF16 = 1, ZAYA_PRECISION_BF16_TORCH113 = 2 };
+
 /* Skip expert (router class num_experts): upstream transformers/vLLM give it a zero output;
  * Zyphra's original fork passes the MoE input through, times its probability (arch §6a). */
 enum { ZAYA_SKIP_ZERO = 0, ZAYA_SKIP_PASSTHROUGH = 1 };
@@ -158,6 +164,7 @@ typedef struct {
     int pos;                  /* next position to run (= tokens seen so far) */
     int batch;                /* tokens per forward() batch, 1..ZAYA_BATCH (default ZAYA_BATCH) */
     int skip_expert;          /* ZAYA_SKIP_ZERO (default) or ZAYA_SKIP_PASSTHROUGH */
+    int precision;            /* ZAYA_PRECISION_FP32 (default), _BF16 or _BF16_TORCH113 */
     ZayaTapFn tap;            /* optional: called with every intermediate tensor */
     void *tap_ctx;
     float *logits;            /* [V]: logits of the last token run */
@@ -178,8 +185,9 @@ void zaya_state_free(ZayaState *s);
 /* Runs tokens[0..n) at positions s->pos .. s->pos+n-1 through the model (HF ZayaForCausalLM.forward
  * with a cache) and advances s->pos by n: a prompt (n > 1) or one generated token (n = 1) alike. The
  * next token's logits are in s->logits [vocab_size]; with a tap set, every position's logits are
- * computed and reported. Returns 0, or -1 + err when an id is not in 0..vocab_size-1 or the context
- * would overflow (nothing is run then). */
+ * computed and reported. Returns 0, or -1 + err when an id is not in 0..vocab_size-1, the context
+ * would overflow, or a bf16 precision meets a legacy blob or the passthrough skip expert (Zyphra's
+ * fork rounds differently in bf16, docs/bf16.md; not emulated); nothing is run then. */
 int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, char *err, size_t errlen);
 
 /* Calls fn with the decoding state after the last position: conv state, delayed value and the
