@@ -38,12 +38,17 @@ build/test_decode: test/test_decode.c $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_decode.c $(LIB) $(LIBS)
 
+# test/test_bf16_steps.c: each step of forward() in bf16 on the official bf16 run's inputs (includes zaya.c)
+build/test_bf16_steps: test/test_bf16_steps.c $(LIB) $(HDR)
+	mkdir -p build
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_bf16_steps.c $(filter-out zaya.c,$(LIB)) $(LIBS)
+
 # bench/decode_vs_read.c: decode steps alternating with plain reads of the same weight bytes (bench.sh)
 build/decode_vs_read: bench/decode_vs_read.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) -fopenmp $(WARN) -I. -o $@ bench/decode_vs_read.c $(LIB) $(LIBS)
 
-test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/test_decode
+test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/test_decode build/test_bf16_steps
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 
 # the main job on real input: export a hub-format checkpoint (default: the repository's compact fixture,
