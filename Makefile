@@ -4,9 +4,9 @@ CFLAGS  ?= -O3 -march=native
 WARN     = -std=c11 -Wall -Wextra -Werror -Wno-unknown-pragmas
 COMMIT  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DEFS     = -DZAYA_COMMIT=\"$(COMMIT)\"
-LIB      = zaya.c blob.c kernels.c tokenizer.c trace.c
+LIB      = zaya.c blob.c kernels.c tokenizer.c trace.c replay.c
 SRC      = $(LIB) main.c
-HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h
+HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h replay.h
 LIBS     = -pthread -lm
 PYTHON  ?= python3
 FIXTURES ?= test/fixtures

@@ -802,10 +802,169 @@ def report(c, verbose):
 
 # ------------------------------------------------------------------------------------------------
 
+# ------------------------------------------------------------------------------------------------
+# Layer-local comparison (--local): a port's dump against zaya.c's replay of it (./zaya --replay)
+
+# A bf16 port's local error of a tap may be this many times zaya.c's local bf16 envelope (the bf16
+# replay against the fp32 replay of the same inputs): docs/compare.md has the measurements (legitimate
+# bf16 runs of the official code: at most 1.9x; an injected one-step bug: 5x and more).
+LOCAL_BF16_FACTOR = 3.0
+LAYER_OUTPUT = "post_mlp_residual_scale"
+
+
+def local_error(port, replay, name, positions=None):
+    """rel L2 of the port's tensor against the replay's (over `positions` only, if given), or None."""
+    if not (port.has(name) and replay.has(name)):
+        return None
+    sa, a = port.load(name)
+    sb, b = replay.load(name)
+    if list(sa) != list(sb):
+        raise InputError(f"{name}: the port's shape {list(sa)} is not the replay's {list(sb)}")
+    if positions is not None and sa:
+        row = len(a) // sa[0]
+        keep = [t for t in range(sa[0]) if t in positions]
+        a = [a[t * row + i] for t in keep for i in range(row)]
+        b = [b[t * row + i] for t in keep for i in range(row)]
+    if any(isinstance(x, int) for x in a[:1]):
+        return float(sum(1 for x, y in zip(a, b) if x != y))   # integer tensors: the count of differences
+    sq_d, sq_b, _, _, _, _ = row_metrics(a, b)
+    return math.sqrt(sq_d) / max(math.sqrt(sq_b), ATOL * math.sqrt(max(len(b), 1)))
+
+
+def run_replay(model, port_dir, out_dir, precision):
+    """./zaya MODEL --replay PORT --dump OUT [--precision P]; raises InputError with its message."""
+    import subprocess
+    zaya = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zaya")
+    cmd = [zaya, model, "--replay", port_dir, "--dump", out_dir] + (["--precision", precision] if precision else [])
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    except OSError as e:
+        raise InputError(f"cannot run {zaya}: {e.strerror}\n  hint: build it with make")
+    if p.returncode != 0:
+        raise InputError(f"{' '.join(cmd)} failed:\n{p.stderr.strip()[-800:]}")
+
+
+def local_main(args):
+    """compare.py --local PORT REPLAY [--envelope BF16_REPLAY] [--reference REF]: where a port's error enters."""
+    if args.model:
+        out = args.replay_out or os.path.join(args.test_dir.rstrip("/") + "_replay")
+        run_replay(args.model, args.test_dir, out + "_fp32", None)
+        args.ref_dir = out + "_fp32"
+        if args.bf16:
+            run_replay(args.model, args.test_dir, out + "_bf16", "bf16")
+            args.envelope = out + "_bf16"
+    if not args.ref_dir:
+        raise InputError("--local needs the replay: compare.py --local PORT_DUMP REPLAY_DUMP, or --model MODEL.bin to run "
+                         "./zaya --replay itself")
+    port, replay = Dump(args.test_dir, "PORT"), Dump(args.ref_dir, "REPLAY")
+    env = Dump(args.envelope, "ENVELOPE") if args.envelope else None
+    ref = Dump(args.reference, "REF") if args.reference else None
+    if not isinstance(replay.index.get("replay"), dict):
+        raise InputError(f"{args.ref_dir} is not a replay (its index.json has no `replay` section)\n"
+                         f"  hint: ./zaya MODEL.bin --replay {args.test_dir} --dump {args.ref_dir}")
+    for other in (env, ref):
+        if other is not None and other.tokens is not None and port.tokens is not None and other.tokens != port.tokens:
+            raise InputError(f"{other.folder} is of other ids than the port's dump\n  hint: dump the same --ids")
+    n_layers = 1 + max([layer_of(n) for n in replay.order if layer_of(n) is not None] or [-1])
+    T = len(port.tokens or [])
+    names = [n for n in execution_order(n_layers) if replay.has(n) and port.has(n)]
+    rows, first = [], None
+    print(f"PORT   {port.folder}: {port.producer()}")
+    print(f"REPLAY {replay.folder}: each layer recomputed by zaya.c from the port's own input to it")
+    if env:
+        print(f"ENVELOPE {env.folder}: the same replay in bf16 (a legitimate bf16 layer's error: bf16 vs fp32 replay)")
+    rs = replay.index["replay"].get("router_state_from_port") or []
+    computed = [i for i, v in enumerate(rs) if i > 0 and not v]
+    if computed:
+        print(f"note: the port's dump has no :router_state for the layers before {computed}: their EDA input is zaya.c's")
+    for layer in range(n_layers):
+        p = f"model.layers.{layer}."
+        # positions whose routing the port and the replay choose differently at a near-tie are left out downstream
+        flips, skip = [], set()
+        if port.has(p + "mlp.gate.router_indices") and replay.has(p + "mlp.gate.router_indices"):
+            _, a = port.load(p + "mlp.gate.router_indices")
+            _, b = replay.load(p + "mlp.gate.router_indices")
+            for t_, (x, y) in enumerate(zip(a, b)):
+                if x != y:
+                    flips.append(t_)
+        margins = {}
+        if flips and replay.has(p + "mlp.gate:router_scores"):
+            shape, sc = replay.load(p + "mlp.gate:router_scores")
+            for t_ in flips:
+                row = sorted(sc[t_ * shape[1]:(t_ + 1) * shape[1]], reverse=True)
+                margins[t_] = row[0] - row[1]
+        near = {t_ for t_ in flips if margins.get(t_, 1.0) < args.near_tie}
+        skip = near
+        keep = set(range(T)) - skip
+        layer_rows = []
+        for name in [n for n in names if n.startswith(p)]:
+            after_route = execution_order(n_layers).index(name) > execution_order(n_layers).index(p + "mlp.gate.router_indices")
+            pos = keep if (after_route and skip) else None
+            e_port = local_error(port, replay, name, pos)
+            e_env = local_error(env, replay, name, pos) if env and env.has(name) else None
+            kind, rtol = kind_of(name)
+            if name.endswith("router_indices"):
+                bad = any(t_ not in near for t_ in flips)
+                gate = 0.0
+            else:
+                gate = rtol * args.tol_scale
+                if e_env is not None:
+                    gate = max(gate, LOCAL_BF16_FACTOR * args.tol_scale * e_env)
+                bad = e_port is not None and e_port > gate
+            layer_rows.append((name, e_port, e_env, gate, bad))
+            if bad and first is None:
+                first = (layer, name, e_port, gate, e_env)
+        out = next((r for r in layer_rows if r[0].endswith(LAYER_OUTPUT)), None)
+        e2e = local_error(port, ref, p + LAYER_OUTPUT) if ref else None
+        worst = max((r for r in layer_rows if not r[0].endswith("router_indices") and r[1] is not None and r[3] > 0),
+                    key=lambda r: r[1] / r[3], default=None)
+        rows.append((layer, out, e2e, worst, flips, near, layer_rows))
+    print("\nper layer (local = the port's output of the layer vs zaya.c's recomputation from the port's input to it;"
+          "\nend to end = the port vs the reference run" + (f" {ref.folder}" if ref else " (give --reference REF_DUMP)") + "):")
+    head = f"{'layer':>5}  {'local error':>11}  " + (f"{'bf16 envelope':>13}  " if env else "") + \
+        f"{'end to end':>10}  {'routing':>9}  worst tap (local error / its tolerance)"
+    print(head)
+    for layer, out, e2e, worst, flips, near, _ in rows:
+        env_col = f"{fmt(out[2]) if out else '-':>13}  " if env else ""
+        route = f"{T - len(flips)}/{T}" + ("*" if near else "")
+        w = f"{worst[0].split('.', 3)[3]} {worst[1] / worst[3]:.2g}x" if worst else "-"
+        print(f"{layer:>5}  {fmt(out[1]) if out else '-':>11}  {env_col}{fmt(e2e) if e2e is not None else '-':>10}  "
+              f"{route:>9}  {w}")
+    if any(r[5] for r in rows):
+        print("  * a near-tie: the port and the replay route a position differently at a margin below "
+              f"{args.near_tie}; that position is left out of the layer's later taps")
+    if args.verbose:
+        for layer, _, _, _, _, _, layer_rows in rows:
+            for name, e, ee, gate, bad in layer_rows:
+                print(f"  {name:60s} local {fmt(e):>9}  env {fmt(ee):>9}  tol {fmt(gate):>9}  {'OUT' if bad else 'ok'}")
+    if first:
+        layer, name, e, gate, ee = first
+        why = f"local error {fmt(e)} > tolerance {fmt(gate)}" + (f" ({LOCAL_BF16_FACTOR:g} x the bf16 envelope {fmt(ee)})"
+                                                                   if ee is not None and gate > 0 else "")
+        if name.endswith("router_indices"):
+            why = "the port routes a position differently from the replay, not at a near-tie"
+        prev = [n for n in names if n.startswith(f"model.layers.{layer}.")]
+        before = prev[prev.index(name) - 1] if prev.index(name) > 0 else f"the input of layer {layer}"
+        print(f"\nFIRST LOCAL ERROR: layer {layer}, {name}\n  {why}\n  every layer before it recomputes from the port's "
+              f"inputs within tolerance; look at the port's computation between {before} and {name}")
+        print("RESULT: LOCAL ERROR")
+        return 1
+    print("\nRESULT: every layer agrees locally" + (" (within the bf16 envelope)" if env else ""))
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Compare two golden-tensor dumps (docs/compare.md).")
     ap.add_argument("test_dir")
-    ap.add_argument("ref_dir")
+    ap.add_argument("ref_dir", nargs="?")
+    ap.add_argument("--local", action="store_true", help="TEST_DIR is a port's dump, REF_DIR zaya.c's --replay of it: "
+                    "the error each layer introduces (docs/compare.md)")
+    ap.add_argument("--model", help="with --local: run ./zaya MODEL --replay TEST_DIR itself (into TEST_DIR_replay_*)")
+    ap.add_argument("--replay-out", help="with --model: where the replays go (default TEST_DIR_replay)")
+    ap.add_argument("--bf16", action="store_true", help="with --local --model: the port runs in bf16; also replay in "
+                    "bf16 for the envelope")
+    ap.add_argument("--envelope", help="with --local: zaya.c's bf16 replay of the same dump (--precision bf16)")
+    ap.add_argument("--reference", help="with --local: a reference dump of the same ids, for the end-to-end column")
     ap.add_argument("--tol-scale", type=float, default=1.0, help="multiply every tolerance by X")
     ap.add_argument("--weights", choices=["fp32", "int8"], help="gate kind (default: from index.json weight_format)")
     ap.add_argument("--near-tie", type=float, default=NEAR_TIE, help=f"router margin of a near-tie (default {NEAR_TIE})")
@@ -818,6 +977,15 @@ def main(argv=None):
         return 2 if e.code else 0
     if not (args.tol_scale > 0):
         print("compare.py: --tol-scale must be > 0", file=sys.stderr)
+        return 2
+    if args.local:
+        try:
+            return local_main(args)
+        except InputError as e:
+            print(f"compare.py: {e}", file=sys.stderr)
+            return 2
+    if not args.ref_dir:
+        print("compare.py: give TEST_DIR and REF_DIR (or --local PORT_DUMP REPLAY_DUMP)", file=sys.stderr)
         return 2
     try:
         test = Dump(args.test_dir, "TEST")

@@ -9,6 +9,7 @@
 #include "tokenizer.h"
 #include "trace.h"
 #include "kernels.h"   /* softmax (the sampler) */
+#include "replay.h"
 
 #include <errno.h>
 #include <math.h>
@@ -202,8 +203,9 @@ static void json_number(FILE *f, double v) {
     else fputs("null", f);
 }
 
+/* extra: more members of index.json's top object ("\"key\": value,\n" lines), or "" */
 static void write_dump(const char *dir, Dump *d, const ZayaModel *m, const char *model_path, int skip_mode,
-                       int precision, const int *tokens, int n_tokens) {
+                       int precision, const int *tokens, int n_tokens, const char *extra) {
     char path[4096];
     snprintf(path, sizeof path, "%s/index.json", dir);
     FILE *f = fopen(path, "w");
@@ -222,6 +224,7 @@ static void write_dump(const char *dir, Dump *d, const ZayaModel *m, const char 
     const char *precisions[] = {"fp32", "bf16", "bf16-torch1.13"};
     fprintf(f, "  \"skip_expert\": \"%s\",\n", skip_mode == ZAYA_SKIP_PASSTHROUGH ? "passthrough" : "zero");
     if (precision != ZAYA_PRECISION_FP32) fprintf(f, "  \"precision\": \"%s\",\n", precisions[precision]);
+    fputs(extra, f);
     fprintf(f, "  \"tokens\": [");
     for (int i = 0; i < n_tokens; i++) fprintf(f, "%s%d", i ? ", " : "", tokens[i]);
     fprintf(f, "],\n  \"tensors\": [\n");
@@ -294,6 +297,9 @@ static void usage(FILE *f) {
           "  --dump DIR         write every intermediate tensor (HF module paths) as .npy + index.json\n"
           "  --dump-filter RE   only tensors whose name matches the POSIX extended regex RE\n"
           "  --list-taps        print the names and shapes of all tensors --dump writes\n"
+          "  --replay PORT_DUMP with --dump OUT: every layer recomputed from the port's own input to it (the\n"
+          "                     residual stream its dump holds); compare.py --local PORT_DUMP OUT says where\n"
+          "                     an error enters (docs/compare.md)\n"
           "  --trace POS        print every step of forward() at prompt position POS (needs --ids or -i;\n"
           "                     -n 0 unless given; not with --dump; see trace.h)\n"
           "  --trace-layer N    limit --trace to layer N (the model-level steps are still printed)\n"
@@ -361,7 +367,7 @@ static float parse_float(const char *flag, const char *v, float lo, float hi) {
 }
 
 typedef struct {
-    const char *model_path, *prompt, *ids, *dump_dir, *dump_filter, *system_prompt, *decode_ids, *mode;
+    const char *model_path, *prompt, *ids, *dump_dir, *dump_filter, *replay_dir, *system_prompt, *decode_ids, *mode;
     int steps, steps_given, print_ids, skip_expert, precision, ctx, threads, batch, verify, hugepages, list_taps, encode, no_think;
     int trace_pos, trace_layer;
     float temperature, topp;
@@ -397,7 +403,7 @@ static Options parse_args(int argc, char **argv) {
             continue;
         }
         static const char *with_value[] = {"-i", "--ids", "-n", "-t", "-p", "-s", "-m", "-y", "--skip-expert", "--precision", "--ctx",
-                                           "--threads", "--batch", "--dump", "--dump-filter", "--trace", "--trace-layer",
+                                           "--threads", "--batch", "--dump", "--dump-filter", "--replay", "--trace", "--trace-layer",
                                            "--decode", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
@@ -429,6 +435,7 @@ static Options parse_args(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) o.batch = (int)parse_int(a, v, 1, ZAYA_BATCH);
         else if (!strcmp(a, "--dump")) o.dump_dir = v;
         else if (!strcmp(a, "--dump-filter")) o.dump_filter = v;
+        else if (!strcmp(a, "--replay")) o.replay_dir = v;
         else if (!strcmp(a, "--trace")) o.trace_pos = (int)parse_int(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--trace-layer")) o.trace_layer = (int)parse_int(a, v, 0, ZAYA_MAX_LAYERS - 1);
         else if (!strcmp(a, "--decode")) o.decode_ids = v;
@@ -740,8 +747,11 @@ int main(int argc, char **argv) {
     int *prompt = NULL;
     if (o.ids) prompt = parse_ids("--ids", o.ids, c->vocab_size, &n_prompt);
     else if (o.prompt) prompt = encode_prompt(need_tokenizer(&m, "-i"), o.prompt, &n_prompt);
+    if (o.replay_dir && (!o.dump_dir || prompt || o.trace_pos >= 0 || strcmp(o.mode, "generate")))
+        die("--replay PORT_DUMP runs the ids of that dump and writes its taps with --dump OUT\n"
+            "  expected: ./zaya MODEL --replay PORT_DUMP --dump OUT (no -i, --ids, --trace or -m chat)");
     if (o.dump_dir) {
-        if (!prompt) die("--dump needs a prompt: --ids 2,818,... or -i TEXT");
+        if (!prompt && !o.replay_dir) die("--dump needs a prompt: --ids 2,818,... or -i TEXT");
         make_dump_dir(o.dump_dir);
     }
     int ctx = o.ctx ? o.ctx : (c->max_position < 4096 ? c->max_position : 4096);
@@ -755,6 +765,39 @@ int main(int argc, char **argv) {
     s.precision = o.precision;
     if (o.batch) s.batch = o.batch;
     if (o.list_taps) { list_taps(&m, &s); zaya_state_free(&s); zaya_free(&m); return 0; }
+    Dump dump = {0};
+    if (o.dump_dir) {
+        if (o.dump_filter) {
+            if (regcomp(&dump.filter, o.dump_filter, REG_EXTENDED | REG_NOSUB) != 0)
+                die("--dump-filter \"%s\" is not a valid POSIX extended regular expression", o.dump_filter);
+            dump.has_filter = 1;
+        }
+    }
+    if (o.replay_dir) {   /* every layer from the port's own input (replay.c) */
+        ReplayInfo info;
+        s.tap = dump_tap;
+        s.tap_ctx = &dump;
+        if (zaya_replay_dump(&m, &s, o.replay_dir, &info, stderr, err, sizeof err) != 0) die("%s", err);
+        char extra[8192];
+        int len = snprintf(extra, sizeof extra, "  \"replay\": {\"of\": \"");
+        for (const char *p = o.replay_dir; *p && len < 4096; p++)
+            if ((unsigned char)*p >= 0x20) len += snprintf(extra + len, sizeof extra - (size_t)len, "%s%c", *p == '"' || *p == '\\' ? "\\" : "", *p);
+        len += snprintf(extra + len, sizeof extra - (size_t)len, "\", \"layer_0_input\": \"%s\", \"router_state_from_port\": [",
+                        info.input_computed ? "computed from the ids" : "model:input_scaled");
+        for (int i = 0; i < c->num_layers; i++)
+            len += snprintf(extra + len, sizeof extra - (size_t)len, "%s%s", i ? ", " : "", info.router_state_from_port[i] ? "true" : "false");
+        snprintf(extra + len, sizeof extra - (size_t)len, "]},\n");
+        write_dump(o.dump_dir, &dump, &m, o.model_path, o.skip_expert, o.precision, info.tokens, info.n_tokens, extra);
+        fprintf(stderr, "replay: wrote %s (%d tensors); compare with: python3 compare.py --local %s %s\n", o.dump_dir, dump.n,
+                o.replay_dir, o.dump_dir);
+        for (int i = 0; i < dump.n; i++) free(dump.t[i].data);
+        free(dump.t);
+        if (dump.has_filter) regfree(&dump.filter);
+        free(info.tokens);
+        zaya_state_free(&s);
+        zaya_free(&m);
+        return 0;
+    }
     int chat = !strcmp(o.mode, "chat");
     if (!prompt && !chat) die("no prompt\n  hint: give -i \"text\" or --ids 2,818,..., or use -m chat");
     if (chat && (prompt || o.dump_dir || o.trace_pos >= 0)) die("-m chat reads the user's messages from standard input: give no -i, --ids, --dump or --trace");
@@ -767,13 +810,7 @@ int main(int argc, char **argv) {
         s.tap = zaya_trace_tap;
         s.tap_ctx = &trace;
     }
-    Dump dump = {0};
     if (o.dump_dir) {
-        if (o.dump_filter) {
-            if (regcomp(&dump.filter, o.dump_filter, REG_EXTENDED | REG_NOSUB) != 0)
-                die("--dump-filter \"%s\" is not a valid POSIX extended regular expression", o.dump_filter);
-            dump.has_filter = 1;
-        }
         s.tap = dump_tap;
         s.tap_ctx = &dump;
     }
@@ -795,7 +832,7 @@ int main(int argc, char **argv) {
     }
     if (o.dump_dir) {
         zaya_state_taps(&m, &s, dump_state_tap, &dump);
-        write_dump(o.dump_dir, &dump, &m, o.model_path, o.skip_expert, o.precision, prompt, n_prompt);
+        write_dump(o.dump_dir, &dump, &m, o.model_path, o.skip_expert, o.precision, prompt, n_prompt, "");
         for (int i = 0; i < dump.n; i++) free(dump.t[i].data);
         free(dump.t);
         if (dump.has_filter) regfree(&dump.filter);

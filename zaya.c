@@ -465,36 +465,44 @@ static void lm_head(const Batch *b, const ZayaModel *m, const float *f, float *l
  * 3. forward(): tokens[0..n) at positions s->pos .. s->pos+n-1, in the order of arch §3
  * ------------------------------------------------------------------------------------------- */
 
-static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) {
+/* §3.2-3.16 HF ZayaDecoderLayer: layer i on the batch's residual stream a->r [n, H], in place; the
+ * router state a->router_state [n, R] comes from layer i-1 and goes to layer i+1. */
+static void decoder_layer(Batch *b, const ZayaModel *m, ZayaState *s, int i) {
     const ZayaConfig *c = &m->config;
-    const int H = c->hidden_size;
+    const ZayaLayer *L = &m->layers[i];
+    ZayaLayerState *ls = &s->layers[i];
     Activations *a = s->act;
-    Batch b = {c, a, s->kernels, s->tap, s->tap_ctx, -1, s->pos, n, s->precision};
+    const int H = c->hidden_size;
+    b->layer = i;
+    rmsnorm(b, "input_layernorm", a->h, a->r, L->input_layernorm, H, c->rms_norm_eps);   /* §3.2  [n, H] */
+    cca_projections(b, L, a->h, a->u);                                          /* §3.3  -> u [n, C] */
+    cca_convolutions(b, L, ls->conv_state, a->u, a->z);                         /* §3.4  -> z [n, C] */
+    residual_mix(b, a->u, a->q_res, a->k_res);                                  /* §3.5  -> [n, nq|nkv, d] */
+    qk_assembly(b, a->z, a->q_res, a->k_res, a->q, a->key);                     /* §3.6  -> q, k */
+    values(b, L, ls->delayed_value, a->h, a->v, a->vd);                         /* §3.7  -> v [n, nkv, d] */
+    qk_norm(b, a->q, a->key, L->qk_norm_temp);                                  /* §3.8 */
+    rope(b, c->layer_types[i], a->q, a->key);                                   /* §3.9 */
+    self_attention(b, c->layer_types[i], ls, a->q, a->key, a->v, a->attn_out);  /* §3.10 -> [n, nq*d] */
+    linear(b, "self_attn.o_proj", a->branch, &L->o_proj, L->o_proj_bias, a->attn_out);   /* §3.11 -> [n, H] */
+    residual_scaling(b, "post_attention_residual_scale", a->r, a->branch, &L->post_attention_residual_scale); /* §3.12 */
+    rmsnorm(b, "post_attention_layernorm", a->h, a->r, L->post_attention_layernorm, H, c->rms_norm_eps);      /* §3.13 */
+    router(b, L, a->h, a->router_state, a->expert, a->expert_weight);           /* §3.14 -> class, weight [n] */
+    experts(b, L, s->skip_expert, a->h, a->expert, a->expert_weight, a->branch);   /* §3.15 -> [n, H] */
+    residual_scaling(b, "post_mlp_residual_scale", a->r, a->branch, &L->post_mlp_residual_scale);              /* §3.16 */
+}
 
-    embed(&b, m, tokens, a->e, a->r);                                               /* §3.1  ids -> r [n, H] */
-    for (int i = 0; i < c->num_layers; i++) {                                      /* HF ZayaDecoderLayer */
-        const ZayaLayer *L = &m->layers[i];
-        ZayaLayerState *ls = &s->layers[i];
-        b.layer = i;
-        rmsnorm(&b, "input_layernorm", a->h, a->r, L->input_layernorm, H, c->rms_norm_eps);   /* §3.2  [n, H] */
-        cca_projections(&b, L, a->h, a->u);                                         /* §3.3  -> u [n, C] */
-        cca_convolutions(&b, L, ls->conv_state, a->u, a->z);                        /* §3.4  -> z [n, C] */
-        residual_mix(&b, a->u, a->q_res, a->k_res);                                 /* §3.5  -> [n, nq|nkv, d] */
-        qk_assembly(&b, a->z, a->q_res, a->k_res, a->q, a->key);                    /* §3.6  -> q, k */
-        values(&b, L, ls->delayed_value, a->h, a->v, a->vd);                        /* §3.7  -> v [n, nkv, d] */
-        qk_norm(&b, a->q, a->key, L->qk_norm_temp);                                 /* §3.8 */
-        rope(&b, c->layer_types[i], a->q, a->key);                                  /* §3.9 */
-        self_attention(&b, c->layer_types[i], ls, a->q, a->key, a->v, a->attn_out); /* §3.10 -> [n, nq*d] */
-        linear(&b, "self_attn.o_proj", a->branch, &L->o_proj, L->o_proj_bias, a->attn_out);   /* §3.11 -> [n, H] */
-        residual_scaling(&b, "post_attention_residual_scale", a->r, a->branch, &L->post_attention_residual_scale); /* §3.12 */
-        rmsnorm(&b, "post_attention_layernorm", a->h, a->r, L->post_attention_layernorm, H, c->rms_norm_eps);      /* §3.13 */
-        router(&b, L, a->h, a->router_state, a->expert, a->expert_weight);          /* §3.14 -> class, weight [n] */
-        experts(&b, L, s->skip_expert, a->h, a->expert, a->expert_weight, a->branch);   /* §3.15 -> [n, H] */
-        residual_scaling(&b, "post_mlp_residual_scale", a->r, a->branch, &L->post_mlp_residual_scale);              /* §3.16 */
-    }
-    b.layer = -1;
-    rmsnorm(&b, "model.norm", a->h, a->r, m->norm, H, c->rms_norm_eps);             /* §3.17 */
-    lm_head(&b, m, a->h, s->logits);                                                /* §3.18 -> [V] */
+/* §3.17-3.18 the final norm and the LM head on the residual stream a->r [n, H] -> s->logits */
+static void lm_output(Batch *b, const ZayaModel *m, ZayaState *s) {
+    b->layer = -1;
+    rmsnorm(b, "model.norm", s->act->h, s->act->r, m->norm, m->config.hidden_size, m->config.rms_norm_eps);   /* §3.17 */
+    lm_head(b, m, s->act->h, s->logits);                                        /* §3.18 -> [V] */
+}
+
+static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) {
+    Batch b = {&m->config, s->act, s->kernels, s->tap, s->tap_ctx, -1, s->pos, n, s->precision};
+    embed(&b, m, tokens, s->act->e, s->act->r);                                 /* §3.1  ids -> r [n, H] */
+    for (int i = 0; i < m->config.num_layers; i++) decoder_layer(&b, m, s, i);  /* §3.2-3.16, HF ZayaDecoderLayer */
+    lm_output(&b, m, s);                                                        /* §3.17-3.18 -> logits [V] */
     s->pos += n;
 }
 
@@ -618,6 +626,29 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
                          "  hint: start a new conversation or raise --ctx (max %d)", s->pos, s->ctx, n, c->max_position);
     const int batch = s->batch >= 1 && s->batch <= ZAYA_BATCH ? s->batch : ZAYA_BATCH;
     for (int done = 0; done < n; done += batch) forward(m, s, tokens + done, n - done < batch ? n - done : batch);
+    return 0;
+}
+
+int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *r, float *rho, int n, char *err, size_t errlen) {
+    const ZayaConfig *c = &m->config;
+    const size_t H = (size_t)c->hidden_size, R = (size_t)c->router_hidden;
+    if (layer < 0 || layer > c->num_layers)
+        return zaya_fail(err, errlen, "replay of layer %d: the model has layers 0..%d (%d = the final norm and LM head)", layer,
+                         c->num_layers - 1, c->num_layers);
+    if (n > s->ctx - s->pos)
+        return zaya_fail(err, errlen, "replay: %d positions do not fit the context of %d (%d used)\n  hint: raise --ctx", n, s->ctx, s->pos);
+    for (int done = 0, cnt; done < n; done += cnt) {
+        cnt = n - done < ZAYA_BATCH ? n - done : ZAYA_BATCH;
+        Batch b = {c, s->act, s->kernels, s->tap, s->tap_ctx, layer, s->pos, cnt, s->precision};
+        memcpy(s->act->r, r + done * H, sizeof(float) * cnt * H);
+        if (layer == c->num_layers) lm_output(&b, m, s);
+        else {
+            memcpy(s->act->router_state, rho + done * R, sizeof(float) * cnt * R);
+            decoder_layer(&b, m, s, layer);
+            memcpy(rho + done * R, s->act->router_state, sizeof(float) * cnt * R);
+        }
+        s->pos += cnt;
+    }
     return 0;
 }
 

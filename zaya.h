@@ -190,6 +190,15 @@ void zaya_state_free(ZayaState *s);
  * fork rounds differently in bf16, docs/bf16.md; not emulated); nothing is run then. */
 int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, char *err, size_t errlen);
 
+/* Layer-local replay (docs/compare.md): runs positions s->pos .. s->pos+n-1 through layer `layer`
+ * alone, from a given residual stream r [n, H] (a port's input to that layer: the output of layer
+ * layer-1), and advances s->pos. rho [n, R]: the router's EDA state of layer layer-1 (read; ignored
+ * at layer 0), replaced by this layer's. layer = num_layers runs the final norm and the LM head on r
+ * (rho unused). Taps, caches and precision as zaya_forward (the layer's caches continue from
+ * s->pos: zaya_state_reset() first to replay from position 0). Returns 0, or -1 + err when the
+ * layer is out of range or the context would overflow. */
+int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *r, float *rho, int n, char *err, size_t errlen);
+
 /* Calls fn with the decoding state after the last position: conv state, delayed value and the
  * KV cache of every layer (names in docs/compare.md), row-major with full shapes in tap->shape. */
 void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void *ctx);

@@ -1,0 +1,180 @@
+/* replay.c - ./zaya MODEL --replay PORT_DUMP --dump OUT: each layer recomputed from a port's own input.
+ *
+ * A port's dump (the same names as --dump, docs/compare.md) holds its residual stream at every layer
+ * boundary: model.layers.{i}.post_mlp_residual_scale, the output of layer i and the input of layer
+ * i+1. Replaying runs layer i alone on the port's input to it (zaya_replay_layer), over all positions
+ * so that the KV cache, conv state and delayed value build up as in a whole run, and reports every
+ * tap of the layer; compare.py --local then sets the port's output of each layer beside zaya.c's
+ * recomputation from the same input: what differs was introduced by that layer. The router's EDA
+ * state crosses layers: it is the port's model.layers.{i-1}.mlp.gate:router_state where the dump has
+ * it, else zaya.c's own from its replay of layer i-1 (said so in the log and in index.json).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "replay.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A little-endian float32 .npy [T, cols] of the port's dump: NULL if the file does not exist, else
+ * the values, or NULL with err set when it is not such a file. */
+static float *read_port_tensor(const char *dir, const char *name, int T, int cols, char *err, size_t errlen) {
+    char path[4096], head[1024], file[512];
+    snprintf(file, sizeof file, "%s.npy", name);
+    for (char *p = file; *p; p++) if (*p == ':') *p = '~';
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    unsigned char pre[12];
+    size_t hlen = 0;
+    int ok = fread(pre, 1, 10, f) == 10 && !memcmp(pre, "\x93NUMPY", 6);
+    if (ok && pre[6] == 1) hlen = pre[8] | (size_t)pre[9] << 8;
+    else if (ok && (pre[6] == 2 || pre[6] == 3) && fread(pre + 10, 1, 2, f) == 2)
+        hlen = pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
+    ok = ok && hlen > 0 && hlen < sizeof head && fread(head, 1, hlen, f) == hlen;
+    long dims[3] = {-1, 1, 1};
+    int nd = 0;
+    if (ok) {
+        head[hlen] = 0;
+        const char *sh = strstr(head, "'shape': (");
+        for (const char *p = sh ? sh + 10 : NULL; p && nd < 3 && *p != ')';) {   /* "(38, 16)" or "(38,)" */
+            char *end;
+            dims[nd] = strtol(p, &end, 10);
+            if (end == p) break;
+            nd++;
+            p = end + (*end == ',') + (end[*end == ','] == ' ');
+        }
+        ok = nd >= 1 && nd <= 2 && strstr(head, "'<f4'") && strstr(head, "'fortran_order': False");
+    }
+    const long rows = dims[0], n_cols = nd == 2 ? dims[1] : 1;
+    if (!ok || rows != T || n_cols != cols) {
+        fclose(f);
+        zaya_fail(err, errlen, "replay: %s is not a float32 [%d, %d] array (the port's %s)\n  expected: a C-order <f4 .npy of %d "
+                  "positions x %d values\n  found: %s\n  hint: dump the tensor as the port computes it, token-major (docs/compare.md)",
+                  path, T, cols, name, T, cols, ok ? "another shape" : "not such a .npy file");
+        return NULL;
+    }
+    float *x = malloc(sizeof(float) * (size_t)T * cols + 1);
+    if (!x || fread(x, sizeof(float), (size_t)T * cols, f) != (size_t)T * cols) {
+        free(x);
+        fclose(f);
+        zaya_fail(err, errlen, "replay: %s is cut short (expected %d x %d float32 values)\n  hint: the port's dump is incomplete",
+                  path, T, cols);
+        return NULL;
+    }
+    fclose(f);
+    return x;
+}
+
+/* The ids of the port's dump: index.json's "tokens" list. Returns the count, or -1 with err. */
+static int read_port_tokens(const char *dir, int **ids, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return zaya_fail(err, errlen, "replay: cannot open %s\n  hint: --replay takes a dump folder (./zaya --dump, "
+                             "tools/golden_hf.py or a port's own, docs/compare.md)", path);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)size + 1);
+    size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
+    fclose(f);
+    if (!text || got != (size_t)size) { free(text); return zaya_fail(err, errlen, "replay: cannot read %s", path); }
+    text[size] = 0;
+    char *p = strstr(text, "\"tokens\"");
+    p = p ? strchr(p, '[') : NULL;
+    int n = 0, cap = 64;
+    *ids = malloc(sizeof(int) * (size_t)cap);
+    while (p && *ids && *p && *p != ']') {
+        p++;
+        while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+        if (*p == ']') break;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) { p = NULL; break; }
+        if (n == cap) *ids = realloc(*ids, sizeof(int) * (size_t)(cap *= 2));
+        if (*ids) (*ids)[n++] = (int)v;
+        p = end;
+        while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+        if (*p != ',' && *p != ']') p = NULL;
+    }
+    free(text);
+    if (!p || !*ids || n == 0) {
+        free(*ids);
+        *ids = NULL;
+        return zaya_fail(err, errlen, "replay: %s has no \"tokens\": [ids...] list\n  hint: the dump's index.json names the "
+                         "ids it ran (docs/compare.md)", path);
+    }
+    return n;
+}
+
+/* Keeps the tap of one name (the input scaling) while a whole forward() runs. */
+typedef struct { float *x; int H; } Capture;
+static void capture_input(void *ctx, const ZayaTap *tap) {
+    Capture *c = ctx;
+    if (tap->layer < 0 && !strcmp(tap->name, "model:input_scaled"))
+        memcpy(c->x + (size_t)tap->pos * c->H, tap->data, sizeof(float) * (size_t)c->H);
+}
+
+int zaya_replay_dump(const ZayaModel *m, ZayaState *s, const char *dir, ReplayInfo *info, FILE *log, char *err, size_t errlen) {
+    const ZayaConfig *c = &m->config;
+    const int H = c->hidden_size, R = c->router_hidden, L = c->num_layers;
+    memset(info, 0, sizeof *info);
+    err[0] = 0;
+    int T = read_port_tokens(dir, &info->tokens, err, errlen);
+    if (T < 0) return -1;
+    info->n_tokens = T;
+    if (T > s->ctx)
+        return zaya_fail(err, errlen, "replay: the port's dump has %d positions, the context %d\n  hint: raise --ctx (max %d)", T,
+                         s->ctx, c->max_position);
+    float *r = read_port_tensor(dir, "model:input_scaled", T, H, err, errlen), *rho = calloc((size_t)T * R + 1, sizeof(float));
+    if (!r && err[0]) return -1;
+    if (!rho) return zaya_fail(err, errlen, "out of memory");
+    if (!r) {   /* layer 0's input from the ids: the embedding and input scaling of zaya.c */
+        Capture cap = {malloc(sizeof(float) * (size_t)T * H + 1), H};
+        ZayaTapFn tap = s->tap;
+        void *tap_ctx = s->tap_ctx;
+        s->tap = capture_input;
+        s->tap_ctx = &cap;
+        zaya_state_reset(s, m);
+        int rc = cap.x ? zaya_forward(m, s, info->tokens, T, err, errlen) : zaya_fail(err, errlen, "out of memory");
+        s->tap = tap;
+        s->tap_ctx = tap_ctx;
+        if (rc != 0) { free(cap.x); free(rho); return -1; }
+        r = cap.x;
+        info->input_computed = 1;
+    }
+    if (log) fprintf(log, "replay: %d positions of %s; layer 0 from %s\n", T, dir,
+                     info->input_computed ? "zaya.c's embedding of the ids (the dump has no model:input_scaled)" : "model:input_scaled");
+    for (int i = 0; i <= L; i++) {
+        char name[160];
+        if (i > 0) {   /* the port's output of layer i-1 (its rho: the port's if dumped, else ours, already in rho) */
+            snprintf(name, sizeof name, "model.layers.%d.post_mlp_residual_scale", i - 1);
+            free(r);
+            r = read_port_tensor(dir, name, T, H, err, errlen);
+            if (!r) {
+                if (!err[0]) zaya_fail(err, errlen, "replay: the port's dump has no %s (the input of %s %d)\n  hint: a port "
+                                       "must dump its residual stream at every layer boundary (docs/compare.md)", name,
+                                       i < L ? "layer" : "the final norm after layer", i < L ? i : i - 1);
+                free(rho);
+                return -1;
+            }
+            snprintf(name, sizeof name, "model.layers.%d.mlp.gate:router_state", i - 1);
+            float *port_rho = i < L ? read_port_tensor(dir, name, T, R, err, errlen) : NULL;
+            if (!port_rho && err[0]) { free(r); free(rho); return -1; }
+            if (port_rho) {
+                memcpy(rho, port_rho, sizeof(float) * (size_t)T * R);
+                free(port_rho);
+                info->router_state_from_port[i] = 1;
+            }
+        }
+        zaya_state_reset(s, m);
+        if (zaya_replay_layer(m, s, i, r, rho, T, err, errlen) != 0) { free(r); free(rho); return -1; }
+        if (log && i < L && i > 0 && !info->router_state_from_port[i])
+            fprintf(log, "replay: layer %d: the dump has no model.layers.%d.mlp.gate:router_state; EDA uses zaya.c's replay of layer %d\n",
+                    i, i - 1, i - 1);
+    }
+    free(r);
+    free(rho);
+    return 0;
+}

@@ -1,0 +1,22 @@
+/* replay.h - --replay: a port's dump, each layer recomputed from the port's own input (replay.c). */
+#ifndef ZAYA_REPLAY_H
+#define ZAYA_REPLAY_H
+
+#include "zaya.h"
+
+#include <stdio.h>
+
+typedef struct {
+    int *tokens, n_tokens;                                  /* the ids of the port's dump (index.json) */
+    int input_computed;                                     /* 1: layer 0's input from zaya.c's embedding of the ids */
+    unsigned char router_state_from_port[ZAYA_MAX_LAYERS];  /* [i]: layer i's EDA read the port's state of layer i-1 */
+} ReplayInfo;
+
+/* Replays every layer of the model, then the final norm and the LM head, each from the port's dump
+ * in dir (its model.layers.{i}.post_mlp_residual_scale, and mlp.gate:router_state where present), all
+ * positions, reporting every tap to s->tap. Notes what it took from where on log (may be NULL).
+ * info->tokens is malloc'ed (free it). Returns 0, or -1 with a message in err (a missing or malformed
+ * tensor of the dump, too many positions for the context). */
+int zaya_replay_dump(const ZayaModel *m, ZayaState *s, const char *dir, ReplayInfo *info, FILE *log, char *err, size_t errlen);
+
+#endif /* ZAYA_REPLAY_H */
