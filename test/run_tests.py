@@ -27,6 +27,7 @@ TESTS = [
     ("tokenizer", [sys.executable, "test/test_tokenizer.py"]),
     ("dims", [sys.executable, "test/test_dims.py"]),
     ("bf16", [sys.executable, "test/test_bf16.py"]),
+    ("replay", [sys.executable, "test/test_replay.py"]),
     ("compare", [sys.executable, "test/test_compare.py"]),
     ("golden_hf", [sys.executable, "test/test_golden_hf.py"]),
     ("trace", [sys.executable, "test/test_trace.py"]),

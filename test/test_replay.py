@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""test_replay.py - --replay and compare.py --local: where a port's error enters.
+
+    make zaya && python3 test/test_replay.py
+
+1. The official dumps replayed: every layer's local error at the float floor (fp32 golden of upstream
+   and of Zyphra's fork: <= 1e-6 rel L2 per layer); compare.py --local agrees.
+2. A port with an error in one layer only, made by zaya.c from a copy of the checkpoint with one
+   tensor of layer 3 changed (o_proj perturbed; router_states_scale zeroed = EDA off): the local
+   comparison names layer 3 and the tap (o_proj; :router_state) while the end-to-end comparison has
+   every later layer out of tolerance.
+3. The hard case in bf16: a port whose layer-5 experts use GELU instead of SiLU (zaya.c built with
+   that one change) drifts from fp32 about as much as legitimate bf16 runs do; the local comparison,
+   with zaya.c's bf16 replay as the envelope, names layer 5 mlp.experts, and the official bf16 runs
+   (whole prompt, token by token) pass.
+4. Bad input: --replay without --dump, a dump missing a layer boundary, a truncated tensor.
+"""
+import array
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+
+from harness import BUILD, ROOT, check, finish, need_fixtures, prompt_ids, read_npy, run
+
+sys.path.insert(0, ROOT)
+from compare import write_dump  # noqa: E402
+
+FX = need_fixtures()
+os.makedirs(BUILD, exist_ok=True)
+IDS = ",".join(map(str, prompt_ids()))
+OUT = os.path.join(BUILD, "replay")
+shutil.rmtree(OUT, ignore_errors=True)
+os.makedirs(OUT)
+
+
+def export(ckpt, name, *extra):
+    blob = os.path.join(OUT, name + ".bin")
+    rc, _, err = run([sys.executable, "export_weights.py", ckpt, blob, *extra])
+    check(rc == 0, f"export {name}", err[-300:])
+    return blob
+
+
+def dump(blob, name, *extra, zaya="./zaya"):
+    out = os.path.join(OUT, name)
+    rc, _, err = run([zaya, blob, "--ids", IDS, "--dump", out, *extra])
+    check(rc == 0, f"dump {name}", err[-300:])
+    return out
+
+
+def compare(*args):
+    rc, out, err = run([sys.executable, "compare.py", *args])
+    return rc, out + err
+
+
+def layer_errors(text):
+    """{layer: (local, end to end)} from compare.py --local's table."""
+    rows = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 3 and f[0].isdigit() and f[1] != "-":
+            rows[int(f[0])] = (float(f[1]), f[-3] if len(f) > 4 else None)
+    return rows
+
+
+def patched_checkpoint(name, tensor, edit):
+    """A copy of the native fixture whose bf16 tensor `tensor` is edit(values)."""
+    ck = os.path.join(OUT, name)
+    shutil.copytree(os.path.join(FX, "checkpoint_native"), ck)
+    path = os.path.join(ck, "model.safetensors")
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    n = struct.unpack("<Q", data[:8])[0]
+    header, base = json.loads(data[8:8 + n]), 8 + n
+    a, b = header[tensor]["data_offsets"]
+    values = [struct.unpack("<f", b"\0\0" + bytes(data[base + i:base + i + 2]))[0] for i in range(a, b, 2)]
+    for k, v in enumerate(edit(values)):
+        bits = struct.unpack("<I", struct.pack("<f", v))[0]
+        data[base + a + 2 * k:base + a + 2 * k + 2] = struct.pack("<H", (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
+    with open(path, "wb") as f:
+        f.write(data)
+    return ck
+
+
+fp32 = export(os.path.join(FX, "checkpoint_native"), "native_fp32")
+bf16 = export(os.path.join(FX, "checkpoint_native"), "native_bf16", "--dtype", "bf16")
+legacy = export(os.path.join(FX, "checkpoint_legacy"), "legacy_fp32")
+reference = dump(fp32, "reference_fp32")
+
+# 1. the official fp32 goldens replayed
+for golden, blob, extra in (("golden", fp32, []), ("golden_zyphra", legacy, ["--skip-expert", "passthrough"])):
+    official = os.path.join(OUT, "official_" + golden)
+    rc, _, err = run([sys.executable, "tools/fixture_to_dump.py", os.path.join(FX, golden), official])
+    replay = official + "_replay"
+    rc2, _, err2 = run(["./zaya", blob, "--replay", official, "--dump", replay, *extra])
+    check(rc == 0 and rc2 == 0, f"replay of the official {golden} dump", (err + err2)[-300:])
+    rc, text = compare("--local", official, replay)
+    errors = layer_errors(text)
+    check(rc == 0 and len(errors) == 6 and max(e for e, _ in errors.values()) <= 1e-6,
+          f"{golden}: every layer's local error <= 1e-6 rel L2 "
+          f"(max {max([e for e, _ in errors.values()] or [float('nan')]):.2g}), compare.py --local agrees", text[-600:])
+
+# 2. an error in layer 3 only
+cases = [("o_proj", "model.layers.3.self_attn.o_proj.weight", lambda v: [x * 1.05 if k % 7 == 0 else x for k, x in enumerate(v)],
+          "model.layers.3.self_attn.o_proj"),
+         ("eda_off", "model.layers.3.mlp.gate.router_states_scale", lambda v: [0.0] * len(v), "model.layers.3.mlp.gate:router_state")]
+for name, tensor, edit, tap in cases:
+    port = dump(export(patched_checkpoint("ck_" + name, tensor, edit), "port_" + name), "port_" + name)
+    rc, e2e = compare(port, reference)
+    later = [f"    {i} " in e2e and next(ln for ln in e2e.splitlines() if ln.startswith(f"    {i} ")).split()[2] != "0"
+             for i in (3, 4, 5)]
+    check(rc == 1 and all(later), f"{name}: end to end, every layer from 3 on differs from the reference", e2e[-500:])
+    rc, text = compare("--local", port, "--model", fp32, "--reference", reference)
+    errors = layer_errors(text)
+    print("\n".join("      " + ln for ln in text.splitlines() if ln[:5].strip().isdigit() or ln.startswith("layer")))
+    check(rc == 1 and f"FIRST LOCAL ERROR: layer 3, {tap}" in text and all(errors[i][0] == 0 for i in (0, 1, 2, 4, 5)),
+          f"{name}: the local comparison names layer 3, {tap}; every other layer's local error is 0",
+          text[-500:])
+
+# 3. the hard case in bf16: GELU instead of SiLU in layer 5's experts
+mut = os.path.join(OUT, "mutant")
+os.makedirs(mut)
+for f in os.listdir(ROOT):
+    if f.endswith((".c", ".h")):
+        shutil.copy(os.path.join(ROOT, f), mut)
+with open(os.path.join(mut, "zaya.c")) as f:
+    src = f.read()
+silu = "gate[i] = held(b, silu_held(b, gate[i]) * up[i]);"
+gelu = "gate[i] = held(b, (b->layer == 5 ? held(b, gelu(gate[i])) : silu_held(b, gate[i])) * up[i]);"
+check(silu in src, "the experts' SiLU line to mutate is in zaya.c", "zaya.c changed: update this test's mutation")
+with open(os.path.join(mut, "zaya.c"), "w") as f:
+    f.write(src.replace(silu, gelu))
+rc, _, err = run(["cc", "-O2", "-std=c11", "-DZAYA_COMMIT=\"mutant\"", "-o", os.path.join(mut, "zaya"),
+                  *[os.path.join(mut, f) for f in ("zaya.c", "blob.c", "kernels.c", "tokenizer.c", "trace.c", "replay.c", "main.c")],
+                  "-pthread", "-lm"])
+check(rc == 0, "build a zaya.c whose layer-5 experts use GELU (the bug)", err[-300:])
+bug = dump(bf16, "port_gelu5", "--precision", "bf16-torch1.13", zaya=os.path.join(mut, "zaya"))
+gold = need_fixtures("golden_bf16")
+(L, T, H), official_pre = read_npy(os.path.join(gold, "hidden_states.npy"))
+_, official_dec = read_npy(os.path.join(gold, "decode", "hidden_states.npy"))
+
+
+def rel(a, b):
+    return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)) / sum(y * y for y in b))
+
+
+last = slice((L - 1) * T * H, L * T * H)
+bug_out = read_npy(os.path.join(bug, f"model.layers.{L - 1}.post_mlp_residual_scale.npy"))[1]
+ref_out = read_npy(os.path.join(reference, f"model.layers.{L - 1}.post_mlp_residual_scale.npy"))[1]
+spread = rel(official_dec[last], official_pre[last])
+print(f"      last layer vs fp32: the bug {rel(bug_out, ref_out):.3g}, official bf16 {rel(official_pre[last], ref_out):.3g}, "
+      f"official token by token {rel(official_dec[last], ref_out):.3g}; the bug vs official bf16 {rel(bug_out, official_pre[last]):.3g}, "
+      f"two official bf16 runs {spread:.3g}")
+decode_dump = os.path.join(OUT, "official_bf16_decode")
+write_dump(decode_dump, [(f"model.layers.{i}.post_mlp_residual_scale", (T, H), array.array("f", official_dec[i * T * H:(i + 1) * T * H]))
+                         for i in range(L)], {"producer": {"program": "golden_bf16/decode"}, "tokens": prompt_ids(),
+                                              "skip_expert": "zero", "weight_format": {"dtype": "bf16"}})
+rc, _, err = run([sys.executable, "tools/fixture_to_dump.py", gold, os.path.join(OUT, "official_bf16")])
+for port, want_rc, what in ((bug, 1, "the GELU bug: layer 5, mlp.experts"), (os.path.join(OUT, "official_bf16"), 0, "official bf16 (whole prompt)"),
+                            (decode_dump, 0, "official bf16 (token by token)")):
+    rc, text = compare("--local", port, "--model", bf16, "--bf16", "--reference", reference)
+    print("\n".join("      " + ln for ln in text.splitlines() if ln[:5].strip().isdigit() or ln.startswith("layer")))
+    located = "FIRST LOCAL ERROR: layer 5, model.layers.5.mlp.experts" in text
+    check(rc == want_rc and (located if want_rc else "within the bf16 envelope" in text),
+          f"bf16, local comparison with the envelope: {what} " + ("located" if want_rc else "passes"), text[-500:])
+
+# 4. bad input
+rc, _, err = run(["./zaya", fp32, "--replay", reference])
+check(rc != 0 and "--dump" in err and "Traceback" not in err, "--replay without --dump: refused with the usage", err[-200:])
+holed = os.path.join(OUT, "holed")
+shutil.copytree(reference, holed)
+os.remove(os.path.join(holed, "model.layers.2.post_mlp_residual_scale.npy"))
+rc, _, err = run(["./zaya", fp32, "--replay", holed, "--dump", os.path.join(OUT, "holed_replay")])
+check(rc != 0 and "model.layers.2.post_mlp_residual_scale" in err and "hint" in err,
+      "a dump without a layer boundary: the missing tensor named, with a hint", err[-300:])
+cut = os.path.join(holed, "model.layers.1.post_mlp_residual_scale.npy")
+with open(cut, "rb") as f:
+    data = f.read()
+with open(cut, "wb") as f:
+    f.write(data[:len(data) // 2])
+rc, _, err = run(["./zaya", fp32, "--replay", holed, "--dump", os.path.join(OUT, "cut_replay")])
+check(rc != 0 and "cut short" in err and "model.layers.1" in err, "a truncated tensor: reported as cut short", err[-300:])
+rc, text = compare("--local", reference, reference)
+check(rc == 2 and "not a replay" in text, "compare.py --local refuses a REPLAY that is not a replay", text[-300:])
+finish()
