@@ -927,7 +927,7 @@ def local_main(args):
     for layer, out, e2e, worst, flips, near, _ in rows:
         env_col = f"{fmt(out[2]) if out else '-':>13}  " if env else ""
         route = f"{T - len(flips)}/{T}" + ("*" if near else "")
-        w = f"{worst[0].split('.', 3)[3]} {worst[1] / worst[3]:.2g}x" if worst else "-"
+        w = f"{worst[0].split('.', 3)[3]} {worst[1] / worst[3]:.2g}x" if worst and worst[1] > 0 else "-"
         print(f"{layer:>5}  {fmt(out[1]) if out else '-':>11}  {env_col}{fmt(e2e) if e2e is not None else '-':>10}  "
               f"{route:>9}  {w}")
     if any(r[5] for r in rows):
