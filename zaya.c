@@ -4,7 +4,7 @@
  * Hugging Face transformers' src/transformers/models/zaya/modeling_zaya.py ("HF"):
  *   1. the activations of a batch, and how a step reports them (taps)
  *   2. the steps, in the order of arch §3, each named after the HF module it mirrors
- *   3. forward(): the table of contents, one call per step
+ *   3. forward() and decoder_layer(): the table of contents, one call per step
  *   4. the decoding state (arch §4) and the public entry points
  * Loading the blob is blob.c; matrix products and attention are calls into kernels.c (threads,
  * SIMD and storage layouts live there); sampling, dumps and the command line are in main.c.
@@ -75,7 +75,9 @@ static void held_rows(const Batch *b, float *x, int stride, int len, int n) {
 
 /* A Python float constant multiplying a tensor: torch 1.13 rounds it to the tensor's bfloat16 first,
  * current torch keeps it float32. */
-static float scalar(const Batch *b, float v) { return b->precision == ZAYA_PRECISION_BF16_TORCH113 ? zaya_round_bf16(v) : v; }
+static float scalar(const Batch *b, float v) {
+    return b->precision == ZAYA_PRECISION_BF16_TORCH113 ? zaya_round_bf16(v) : v;
+}
 
 /* Reports a step's output to the tap (--dump, --trace) under its HF module path: row t, `stride`
  * floats after row t-1, is the tensor [d0] (d1 = 0) or [d0, d1] of position pos + t. */
@@ -124,8 +126,10 @@ static void embed(const Batch *b, const ZayaModel *m, const int *tokens, float *
     held_rows(b, e, H, H, b->n);
     tap(b, "model.embed_tokens", e, H, H, 0);
     for (int t = 0; t < b->n; t++)
-        for (int i = 0; i < H; i++)
-            r[(size_t)t * H + i] = held(b, held(b, e[(size_t)t * H + i] + m->input_hidden_states_bias[i]) * m->input_hidden_states_scale[i]);
+        for (int i = 0; i < H; i++) {
+            const float sum = held(b, e[(size_t)t * H + i] + m->input_hidden_states_bias[i]);
+            r[(size_t)t * H + i] = held(b, sum * m->input_hidden_states_scale[i]);
+        }
     tap(b, "model:input_scaled", r, H, H, 0);
 }
 
@@ -182,15 +186,16 @@ static void cca_convolutions(const Batch *b, const ZayaLayer *L, float *conv_sta
     for (int j = -(t1 - 1); j < n; j++)                                  /* a_j is row t1 - 1 + j of a */
         for (int ch = 0; ch < C; ch++) {
             float sum = L->conv_qk_depthwise_bias[ch];
-            for (int m = 0; m < t0; m++) sum += L->conv_qk_depthwise_weight[ch * t0 + m] * seq[(size_t)(K + j - t0 + 1 + m) * C + ch];
+            for (int m = 0; m < t0; m++)
+                sum += L->conv_qk_depthwise_weight[ch * t0 + m] * seq[(size_t)(K + j - t0 + 1 + m) * C + ch];
             a[(size_t)(t1 - 1 + j) * C + ch] = held(b, sum);
         }
     tap(b, "self_attn.qkv_proj.conv_qk_depthwise", a + (size_t)(t1 - 1) * C, C, C, 0);
-    for (int t = 0; t < n; t++)                                          /* token t's a_{t-t1+1+k}[ch] at [ch * t1 + k] */
+    for (int t = 0; t < n; t++)   /* token t's a_{t-t1+1+k}[ch] at [ch * t1 + k] */
         for (int ch = 0; ch < C; ch++)
             for (int k = 0; k < t1; k++) cols[((size_t)t * C + ch) * t1 + k] = a[(size_t)(t + k) * C + ch];
     const ZayaMatrix grouped = {.dtype = ZAYA_F32, .rows = C, .cols = d * t1, .data = L->conv_qk_grouped_weight};
-    matmul_grouped(b->kern, z, C, &grouped, C / d, cols, C * t1, n);     /* torch's Conv1d(groups = nq + nkv) as one product */
+    matmul_grouped(b->kern, z, C, &grouped, C / d, cols, C * t1, n);   /* torch's Conv1d(groups=nq+nkv), one product */
     add_bias(z, C, L->conv_qk_grouped_bias, C, n);
     held_rows(b, z, C, C, n);
     tap(b, "self_attn.qkv_proj.conv_qk_grouped", z, C, C, 0);
@@ -206,7 +211,8 @@ static void residual_mix(const Batch *b, const float *u, float *q_res, float *k_
         const float *q_tilde = u + (size_t)t * C, *k_tilde = q_tilde + (size_t)nq * d;
         float *qr = q_res + (size_t)t * nq * d, *kr = k_res + (size_t)t * nkv * d;
         for (int head = 0; head < nq; head++)
-            for (int i = 0; i < d; i++) qr[head * d + i] = held(b, q_tilde[head * d + i] + k_tilde[(head / g) * d + i]) * 0.5f;
+            for (int i = 0; i < d; i++)
+                qr[head * d + i] = held(b, q_tilde[head * d + i] + k_tilde[(head / g) * d + i]) * 0.5f;
         for (int j = 0; j < nkv; j++)
             for (int i = 0; i < d; i++) {
                 float sum = 0.0f;
@@ -223,8 +229,9 @@ static void residual_mix(const Batch *b, const float *u, float *q_res, float *k_
 static void qk_assembly(const Batch *b, const float *z, const float *q_res, const float *k_res, float *q, float *key) {
     const int d = b->c->head_dim, QD = b->c->num_heads * d, KD = b->c->num_kv_heads * d, C = QD + KD;
     for (int t = 0; t < b->n; t++) {
-        for (int i = 0; i < QD; i++) q[(size_t)t * QD + i] = held(b, z[(size_t)t * C + i] + q_res[(size_t)t * QD + i]);
-        for (int i = 0; i < KD; i++) key[(size_t)t * KD + i] = held(b, z[(size_t)t * C + QD + i] + k_res[(size_t)t * KD + i]);
+        const float *zt = z + (size_t)t * C;
+        for (int i = 0; i < QD; i++) q[(size_t)t * QD + i] = held(b, zt[i] + q_res[(size_t)t * QD + i]);
+        for (int i = 0; i < KD; i++) key[(size_t)t * KD + i] = held(b, zt[QD + i] + k_res[(size_t)t * KD + i]);
     }
     tap(b, "self_attn.qkv_proj:query", q, QD, b->c->num_heads, d);
     tap(b, "self_attn.qkv_proj:key", key, KD, b->c->num_kv_heads, d);
@@ -324,7 +331,8 @@ static void self_attention(const Batch *b, int type, ZayaLayerState *ls, const f
             memcpy(ls->key_cache + kv_row(&kv, j, pos), key + ((size_t)t * nkv + j) * d, sizeof(float) * (size_t)d);
             memcpy(ls->value_cache + kv_row(&kv, j, pos), v + ((size_t)t * nkv + j) * d, sizeof(float) * (size_t)d);
         }
-        const int first = type == ZAYA_HYBRID_SLIDING && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
+        const int window_start = pos - c->sliding_window + 1;
+        const int first = type == ZAYA_HYBRID_SLIDING && window_start > 0 ? window_start : 0;
         attention(b->kern, out + (size_t)t * nq * d, b->act->att, q + (size_t)t * nq * d, nq, &kv, first, pos, scale,
                   b->precision != ZAYA_PRECISION_FP32);
         if (b->tap) {   /* [nq, keys]: HF's attn_weights row without the masked zeros (ragged) */
@@ -338,7 +346,8 @@ static void self_attention(const Batch *b, int type, ZayaLayerState *ls, const f
 /* §3.12 and 3.16 HF ZayaResidualScaling: r = (branch + hidden_states_bias) * hidden_states_scale +
  * (r + residual_bias) * residual_scale; bf16: the branch's sum and product rounded, the residual's
  * side and the total float32 (the residual stream). In place on r [n, H] */
-static void residual_scaling(const Batch *b, const char *name, float *r, const float *branch, const ZayaResidualScale *p) {
+static void residual_scaling(const Batch *b, const char *name, float *r, const float *branch,
+                             const ZayaResidualScale *p) {
     const int H = b->c->hidden_size;
     for (int t = 0; t < b->n; t++)
         for (int i = 0; i < H; i++) {
@@ -390,7 +399,8 @@ static void router(const Batch *b, const ZayaLayer *L, const float *h, float *rh
     const size_t nR = (size_t)b->n * b->c->router_hidden;
     linear(b, "mlp.gate.down_proj", act->router_down, &L->router_down_proj, L->router_down_proj_bias, h);
     eda(b, L->router_states_scale, act->router_down, rho);
-    rmsnorm(b, "mlp.gate.router_mlp.norm", act->router_normed, rho, L->router_norm, b->c->router_hidden, b->c->router_norm_eps);
+    rmsnorm(b, "mlp.gate.router_mlp.norm", act->router_normed, rho, L->router_norm, b->c->router_hidden,
+            b->c->router_norm_eps);
     linear(b, "mlp.gate.router_mlp.fc1", act->router_fc1, &L->router_fc1, L->router_fc1_bias, act->router_normed);
     for (size_t i = 0; i < nR; i++) act->router_fc1[i] = held(b, gelu(act->router_fc1[i]));
     linear(b, "mlp.gate.router_mlp.fc2", act->router_fc2, &L->router_fc2, L->router_fc2_bias, act->router_fc1);
@@ -416,7 +426,8 @@ static void experts(const Batch *b, const ZayaLayer *L, int skip_mode, const flo
                 idx[cnt++] = t;
             }
         if (!cnt) continue;   /* only the chosen experts' weights are read */
-        const ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, e * 2 * I, 2 * I), down = matrix_rows(&L->experts_down, e * H, H);
+        const ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, e * 2 * I, 2 * I);
+        const ZayaMatrix down = matrix_rows(&L->experts_down, e * H, H);
         matmul(b->kern, act->expert_hidden, 2 * I, &gate_up, act->expert_in, H, cnt);
         held_rows(b, act->expert_hidden, 2 * I, 2 * I, cnt);
         for (int j = 0; j < cnt; j++) {
@@ -426,7 +437,8 @@ static void experts(const Batch *b, const ZayaLayer *L, int skip_mode, const flo
         matmul(b->kern, act->expert_out, H, &down, act->expert_hidden, 2 * I, cnt);
         held_rows(b, act->expert_out, H, H, cnt);
         for (int j = 0; j < cnt; j++)
-            for (int i = 0; i < H; i++) y[(size_t)idx[j] * H + i] = held(b, weight[idx[j]] * act->expert_out[(size_t)j * H + i]);
+            for (int i = 0; i < H; i++)
+                y[(size_t)idx[j] * H + i] = held(b, weight[idx[j]] * act->expert_out[(size_t)j * H + i]);
     }
     for (int t = 0; t < b->n; t++) {
         if (expert[t] != E) continue;
@@ -473,8 +485,9 @@ static void decoder_layer(Batch *b, const ZayaModel *m, ZayaState *s, int i) {
     ZayaLayerState *ls = &s->layers[i];
     Activations *a = s->act;
     const int H = c->hidden_size;
+    const float eps = c->rms_norm_eps;
     b->layer = i;
-    rmsnorm(b, "input_layernorm", a->h, a->r, L->input_layernorm, H, c->rms_norm_eps);   /* §3.2  [n, H] */
+    rmsnorm(b, "input_layernorm", a->h, a->r, L->input_layernorm, H, eps);        /* §3.2  [n, H] */
     cca_projections(b, L, a->h, a->u);                                          /* §3.3  -> u [n, C] */
     cca_convolutions(b, L, ls->conv_state, a->u, a->z);                         /* §3.4  -> z [n, C] */
     residual_mix(b, a->u, a->q_res, a->k_res);                                  /* §3.5  -> [n, nq|nkv, d] */
@@ -483,18 +496,20 @@ static void decoder_layer(Batch *b, const ZayaModel *m, ZayaState *s, int i) {
     qk_norm(b, a->q, a->key, L->qk_norm_temp);                                  /* §3.8 */
     rope(b, c->layer_types[i], a->q, a->key);                                   /* §3.9 */
     self_attention(b, c->layer_types[i], ls, a->q, a->key, a->v, a->attn_out);  /* §3.10 -> [n, nq*d] */
-    linear(b, "self_attn.o_proj", a->branch, &L->o_proj, L->o_proj_bias, a->attn_out);   /* §3.11 -> [n, H] */
-    residual_scaling(b, "post_attention_residual_scale", a->r, a->branch, &L->post_attention_residual_scale); /* §3.12 */
-    rmsnorm(b, "post_attention_layernorm", a->h, a->r, L->post_attention_layernorm, H, c->rms_norm_eps);      /* §3.13 */
+    linear(b, "self_attn.o_proj", a->branch, &L->o_proj, L->o_proj_bias, a->attn_out);  /* §3.11 -> [n, H] */
+    residual_scaling(b, "post_attention_residual_scale", a->r, a->branch,
+                     &L->post_attention_residual_scale);                        /* §3.12 */
+    rmsnorm(b, "post_attention_layernorm", a->h, a->r, L->post_attention_layernorm, H, eps);      /* §3.13 */
     router(b, L, a->h, a->router_state, a->expert, a->expert_weight);           /* §3.14 -> class, weight [n] */
-    experts(b, L, s->skip_expert, a->h, a->expert, a->expert_weight, a->branch);   /* §3.15 -> [n, H] */
-    residual_scaling(b, "post_mlp_residual_scale", a->r, a->branch, &L->post_mlp_residual_scale);              /* §3.16 */
+    experts(b, L, s->skip_expert, a->h, a->expert, a->expert_weight, a->branch);  /* §3.15 -> [n, H] */
+    residual_scaling(b, "post_mlp_residual_scale", a->r, a->branch, &L->post_mlp_residual_scale);     /* §3.16 */
 }
 
 /* §3.17-3.18 the final norm and the LM head on the residual stream a->r [n, H] -> s->logits */
 static void lm_output(Batch *b, const ZayaModel *m, ZayaState *s) {
+    const ZayaConfig *c = &m->config;
     b->layer = -1;
-    rmsnorm(b, "model.norm", s->act->h, s->act->r, m->norm, m->config.hidden_size, m->config.rms_norm_eps);   /* §3.17 */
+    rmsnorm(b, "model.norm", s->act->h, s->act->r, m->norm, c->hidden_size, c->rms_norm_eps);   /* §3.17 */
     lm_head(b, m, s->act->h, s->logits);                                        /* §3.18 -> [V] */
 }
 
@@ -514,12 +529,14 @@ static int conv_state_len(const ZayaConfig *c) { return (c->cca_time0 - 1) + (c-
 
 /* The activations' float buffers and their lengths for config c (B = ZAYA_BATCH tokens). */
 #define ACT_BUFFERS 32
-static void act_buffers(Activations *a, float **buf[ACT_BUFFERS], size_t len[ACT_BUFFERS], const ZayaConfig *c, int ctx) {
-    float **all[ACT_BUFFERS] = {&a->e, &a->r, &a->h, &a->u, &a->conv_seq, &a->conv_a, &a->conv_cols, &a->z, &a->q_res,
-                                &a->k_res, &a->q, &a->key, &a->v, &a->vd, &a->rope_cos, &a->rope_sin, &a->att, &a->attn_out,
-                                &a->branch, &a->router_down, &a->router_state, &a->router_normed, &a->router_fc1,
-                                &a->router_fc2, &a->router_logits, &a->router_probs, &a->router_scores, &a->expert_weight,
-                                &a->expert_in, &a->expert_hidden, &a->expert_out, NULL};
+static void act_buffers(Activations *a, float **buf[ACT_BUFFERS], size_t len[ACT_BUFFERS], const ZayaConfig *c,
+                        int ctx) {
+    float **all[ACT_BUFFERS] = {&a->e, &a->r, &a->h, &a->u, &a->conv_seq, &a->conv_a, &a->conv_cols, &a->z,
+                                &a->q_res, &a->k_res, &a->q, &a->key, &a->v, &a->vd, &a->rope_cos, &a->rope_sin,
+                                &a->att, &a->attn_out, &a->branch, &a->router_down, &a->router_state,
+                                &a->router_normed, &a->router_fc1, &a->router_fc2, &a->router_logits,
+                                &a->router_probs, &a->router_scores, &a->expert_weight, &a->expert_in,
+                                &a->expert_hidden, &a->expert_out, NULL};
     memcpy(buf, all, sizeof all);
     if (!len) return;
     const size_t H = (size_t)c->hidden_size, d = (size_t)c->head_dim, nq = (size_t)c->num_heads,
@@ -537,9 +554,10 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, int threads, char
     const ZayaConfig *c = &m->config;
     memset(s, 0, sizeof *s);
     if (ctx < 1 || ctx > c->max_position)
-        return zaya_fail(err, errlen, "context length %d is out of range\n  expected: 1..%d (max_position_embeddings)", ctx,
+        return zaya_fail(err, errlen, "context length %d is out of range\n  expected: 1..%d (max_position_embeddings)",
+                         ctx,
                          c->max_position);
-    const size_t d = (size_t)c->head_dim, nkv = (size_t)c->num_kv_heads, C = (size_t)(c->num_heads + c->num_kv_heads) * d;
+    const size_t d = (size_t)c->head_dim, nkv = (size_t)c->num_kv_heads, C = (size_t)c->num_heads * d + nkv * d;
     s->ctx = ctx;
     s->batch = ZAYA_BATCH;
     s->num_layers = c->num_layers;
@@ -567,7 +585,8 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, int threads, char
     if (ok) ok = (s->kernels = kernels_new(threads, max_in, ZAYA_BATCH)) != NULL;
     if (!ok) {
         zaya_state_free(s);
-        return zaya_fail(err, errlen, "out of memory allocating the state for %d positions\n  hint: use a smaller --ctx", ctx);
+        return zaya_fail(err, errlen, "out of memory allocating the state for %d positions\n"
+                         "  hint: use a smaller --ctx", ctx);
     }
     zaya_state_reset(s, m);
     return 0;
@@ -582,7 +601,8 @@ void zaya_state_reset(ZayaState *s, const ZayaModel *m) {
         memset(ls->value_cache, 0, (size_t)ls->cache_len * nkv * d * sizeof(float));
         memset(ls->conv_state, 0, (size_t)conv_state_len(c) * C * sizeof(float));
         /* the delayed value of position -1 is v_proj_delayed(0): its bias, or 0 without one */
-        if (m->layers[i].v_proj_delayed_bias) memcpy(ls->delayed_value, m->layers[i].v_proj_delayed_bias, nkv * d / 2 * sizeof(float));
+        const float *bias = m->layers[i].v_proj_delayed_bias;
+        if (bias) memcpy(ls->delayed_value, bias, nkv * d / 2 * sizeof(float));
         else memset(ls->delayed_value, 0, nkv * d / 2 * sizeof(float));
     }
     s->pos = 0;
@@ -617,26 +637,30 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
             return zaya_fail(err, errlen, "token id %d (position %d) is outside the vocabulary\n  expected: 0..%d",
                              tokens[t], s->pos + t, c->vocab_size - 1);
     if (s->precision != ZAYA_PRECISION_FP32 && (m->source_layout != 0 || s->skip_expert == ZAYA_SKIP_PASSTHROUGH))
-        return zaya_fail(err, errlen, "--precision bf16 emulates upstream transformers' bf16 run; this run is Zyphra's fork's (%s)\n"
-                         "  expected: a blob exported from the native layout, --skip-expert zero\n"
-                         "  hint: the fork rounds differently in bf16 (docs/bf16.md); run it in fp32, or export the native checkpoint",
+        return zaya_fail(err, errlen, "--precision bf16 emulates upstream transformers' bf16 run; this run is Zyphra's "
+                         "fork's (%s)\n  expected: a blob exported from the native layout, --skip-expert zero\n"
+                         "  hint: the fork rounds differently in bf16 (docs/bf16.md); run it in fp32, or export the "
+                         "native checkpoint",
                          m->source_layout != 0 ? "a legacy-layout blob" : "--skip-expert passthrough");
     if (n > s->ctx - s->pos)
         return zaya_fail(err, errlen, "context is full: %d positions used of %d, %d more needed\n"
-                         "  hint: start a new conversation or raise --ctx (max %d)", s->pos, s->ctx, n, c->max_position);
+                         "  hint: start a new conversation or raise --ctx (max %d)", s->pos, s->ctx, n,
+                         c->max_position);
     const int batch = s->batch >= 1 && s->batch <= ZAYA_BATCH ? s->batch : ZAYA_BATCH;
     for (int done = 0; done < n; done += batch) forward(m, s, tokens + done, n - done < batch ? n - done : batch);
     return 0;
 }
 
-int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *r, float *rho, int n, char *err, size_t errlen) {
+int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *r, float *rho, int n, char *err,
+                      size_t errlen) {
     const ZayaConfig *c = &m->config;
     const size_t H = (size_t)c->hidden_size, R = (size_t)c->router_hidden;
     if (layer < 0 || layer > c->num_layers)
-        return zaya_fail(err, errlen, "replay of layer %d: the model has layers 0..%d (%d = the final norm and LM head)", layer,
-                         c->num_layers - 1, c->num_layers);
+        return zaya_fail(err, errlen, "replay of layer %d: the model has layers 0..%d (%d = the final norm and LM head)",
+                         layer, c->num_layers - 1, c->num_layers);
     if (n > s->ctx - s->pos)
-        return zaya_fail(err, errlen, "replay: %d positions do not fit the context of %d (%d used)\n  hint: raise --ctx", n, s->ctx, s->pos);
+        return zaya_fail(err, errlen, "replay: %d positions do not fit the context of %d (%d used)\n  hint: raise --ctx",
+                         n, s->ctx, s->pos);
     for (int done = 0, cnt; done < n; done += cnt) {
         cnt = n - done < ZAYA_BATCH ? n - done : ZAYA_BATCH;
         Batch b = {c, s->act, s->kernels, s->tap, s->tap_ctx, layer, s->pos, cnt, s->precision};
@@ -664,7 +688,8 @@ void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void 
         fn(ctx, &dv);
         /* the KV cache in position order (a sliding layer's ring unrolled): [n, nkv * d] */
         int n = s->pos < ls->cache_len ? s->pos : ls->cache_len;
-        float *kc = malloc(sizeof(float) * ((size_t)n * nkv * d + 1)), *vc = malloc(sizeof(float) * ((size_t)n * nkv * d + 1));
+        const size_t size = sizeof(float) * ((size_t)n * nkv * d + 1);
+        float *kc = malloc(size), *vc = malloc(size);
         if (kc && vc) {
             for (int r = 0; r < n; r++)
                 for (int j = 0; j < nkv; j++) {
