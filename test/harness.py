@@ -71,3 +71,28 @@ def tokenizer_dir():
                 f.write(data)
             os.replace(dst + ".tmp", dst)
     return out
+
+
+def mutant(name, edits):
+    """A ./zaya built from a copy of the sources with `edits` [(old, new), ...] applied to zaya.c: a port
+    with a bug put there on purpose (build/test/mutants/NAME/zaya). Returns its path, or None after a
+    FAIL line when an edit's text is not in zaya.c (the engine changed: update the test's mutation)."""
+    import shutil
+    out = os.path.join(BUILD, "mutants", name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    for f in os.listdir(ROOT):
+        if f.endswith((".c", ".h")):
+            shutil.copy(os.path.join(ROOT, f), out)
+    with open(os.path.join(out, "zaya.c")) as f:
+        src = f.read()
+    for old, new in edits:
+        if not check(src.count(old) == 1, f"mutant {name}: the line to change is in zaya.c once", old[:100]):
+            return None
+        src = src.replace(old, new)
+    with open(os.path.join(out, "zaya.c"), "w") as f:
+        f.write(src)
+    sources = [os.path.join(out, f) for f in sorted(os.listdir(out)) if f.endswith(".c") and f not in ("quantize.c",)]
+    rc, _, err = run(["cc", "-O2", "-std=c11", f"-DZAYA_COMMIT=\"{name}\"", "-o", os.path.join(out, "zaya"), *sources,
+                      "-pthread", "-lm"])
+    return os.path.join(out, "zaya") if check(rc == 0, f"mutant {name}: builds", err[-300:]) else None
