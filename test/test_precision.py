@@ -34,6 +34,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -229,12 +230,19 @@ def main():
         check(ok and info.get("precision") == want and not info.get("notes"),
               f"fixture_to_dump.py {src}: precision {want}, no notes",
               f"exit {rc}, precision {info.get('precision')}, notes {info.get('notes')}: {(o + e)[-300:]}")
-        dumps[src] = out
+        dumps[src] = out if ok else None
+    if None in dumps.values():
+        finish()            # the verdicts below need all three dumps
     F, E, S = dumps["golden"], dumps["golden_bf16"], dumps["golden_bf16/decode"]
 
     # legitimate runs
     check_verdict("official bf16 whole prompt (envelope + spread)", E, ("within",), F, E, S)
-    check_verdict("official bf16 token by token (envelope + spread)", S, ("within",), F, E, S)
+    _, out = check_verdict("official bf16 token by token (envelope + spread)", S, ("within",), F, E, S)
+    # rows after routing flips are judged against the run that made the same flips (here: all of them)
+    m = re.search(r"(\d+) rows after routing flips judged .*?, (\d+) rows after flips no envelope run made", out)
+    check(m and int(m.group(1)) > 0 and int(m.group(2)) == 0,
+          "rows after the token-by-token run's routing flips are judged against the run that made them",
+          m.group(0) if m else out[-400:])
     _, out = check_verdict("official bf16 token by token against the whole-prompt envelope alone", S, ("within",), F, E)
     check_verdict("official fp32 run", F, ("within", "far below"), F, E, S)
 
