@@ -3,6 +3,8 @@
 
     python3 compare.py TEST_DIR REF_DIR [--tol-scale X] [--weights fp32|int8] [--near-tie M]
                        [--strict] [--verbose] [--json OUT]
+    python3 compare.py PORT_DIR FP32_DIR --envelope BF16_DIR [--spread BF16_DIR2] [--near-tie M] [--verbose]
+                       [--json OUT]           (is it bf16 or a bug? see "Precision envelope" below)
 
 A dump is a folder with index.json and one NumPy .npy file per tensor (docs/compare.md): written by
 `./zaya MODEL.bin --ids ... --dump DIR`, by tools/golden_hf.py (the official transformers code), by
