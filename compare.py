@@ -1206,6 +1206,10 @@ def main(argv=None):
         print("compare.py: --spread needs --envelope", file=sys.stderr)
         return 2
     if args.envelope:
+        if args.tol_scale != 1.0 or args.weights or args.strict:
+            print("compare.py: --tol-scale, --weights and --strict do not apply with --envelope (its limits are "
+                  "measured, docs/compare.md §8)", file=sys.stderr)
+            return 2
         return envelope_main(args)
     if not (args.tol_scale > 0):
         print("compare.py: --tol-scale must be > 0", file=sys.stderr)

@@ -23,6 +23,8 @@ Verdicts (FP32 = golden/, ENVELOPE = golden_bf16/, SPREAD = golden_bf16/decode/,
     misplaced cast  the fp32 residual stream rounded to bf16 after the attention half  -> within (its entry
                     change is one bf16 rounding, far inside the cloud: not distinguishable end to end)
   A case expecting "exceeds" passes only when the verdict names that tensor at a position the bug changed.
+- routing: a flip where bf16 legitimately flips (layer 3, fp32 margin 0.036) is a "bf16 near-tie" and
+  within; a flip at a layer-0 margin >= 0.03 is a bug: "exceeds it first at ...router_indices".
 
 To add a case (e.g. a dump of ./zaya --precision bf16, with or without an injected bug), append
 (label, dump folder, expected) to DUMP_CASES below: expected is ("within",) or ("exceeds", tensor name,
@@ -181,6 +183,37 @@ def bug_bf16_residual(e, L, cfg):
     return name, r
 
 
+def flip_route(e, L, pos, choice):
+    """The port routes position `pos` of layer L to expert `choice` (router_indices only)."""
+    name = f"model.layers.{L}.mlp.gate.router_indices"
+    path = os.path.join(e.dir, compare.file_name(name))
+    shape, ri = compare.read_npy(path)
+    before = array.array("f", ri)
+    ri[pos] = choice
+    compare.write_npy(path, shape, ri)
+    return name, before
+
+
+def routing_cases(F, E, S, tmp):
+    """A flip where bf16 legitimately flips (layer 3, position 33: fp32 margin 0.036, inside the margin
+    change bf16 shows in layer 3; the replica with torch >= 2.1's SiLU flips exactly there) is a bf16
+    near-tie; a flip at layer 0's smallest fp32 margin >= 0.03 (bf16 moves layer-0 margins by 0.01 at most) is a bug."""
+    _, m3 = compare.read_npy(os.path.join(F, compare.file_name("model.layers.3.mlp.gate:router_margin")))
+    _, r3 = compare.read_npy(os.path.join(F, compare.file_name("model.layers.3.mlp.gate.router_indices")))
+    e = Edit(E, os.path.join(tmp, "flip_bf16_near_tie"))
+    flip_route(e, 3, 33, 0 if r3[33] != 0 else 1)
+    _, out = check_verdict(f"routing flip at layer 3 position 33 (fp32 margin {m3[33]:.3g}): a bf16 near-tie", e.dir,
+                           ("within",), F, E, S)
+    check("bf16 near-tie" in out, "the flip is labelled a bf16 near-tie", out[-600:])
+    _, m0 = compare.read_npy(os.path.join(F, compare.file_name("model.layers.0.mlp.gate:router_margin")))
+    _, r0 = compare.read_npy(os.path.join(F, compare.file_name("model.layers.0.mlp.gate.router_indices")))
+    pos = min((t for t in range(len(m0)) if m0[t] >= 0.03), key=lambda t: m0[t])   # small, but 3x bf16's move
+    e = Edit(E, os.path.join(tmp, "flip_bug"))
+    name, _ = flip_route(e, 0, pos, (r0[pos] + 1) % 4)
+    check_verdict(f"routing flip at layer 0 position {pos} (fp32 margin {m0[pos]:.3g}): a bug", e.dir,
+                  ("exceeds", name, {pos}), F, E, S)
+
+
 BUGS = [  # (label, function, layer, expected verdict kind)
     ("wrong index: delayed value not shifted", bug_delayed_value, 0, "exceeds"),
     ("wrong index: residual mix KV head n % kv", bug_gqa_index, 0, "exceeds"),
@@ -258,12 +291,16 @@ def main():
         else:
             check_verdict(label, e.dir, ("exceeds", name, changed), F, E, S)
 
+    routing_cases(F, E, S, tmp)
     for label, folder, expected in DUMP_CASES:
         check_verdict(label, folder, expected, F, E, S)
 
     # usage errors: a message and exit 2, never a traceback
     rc, out, err = run("compare.py", E, F, "--spread", S)
     check(rc == 2 and "--spread needs --envelope" in err, "--spread without --envelope: exit 2 with a message",
+          f"exit {rc}: {(out + err)[-300:]}")
+    rc, out, err = run("compare.py", E, F, "--envelope", E, "--tol-scale", "10")
+    check(rc == 2 and "do not apply with --envelope" in err, "--tol-scale with --envelope: exit 2 with a message",
           f"exit {rc}: {(out + err)[-300:]}")
     rc, out, err = run("compare.py", E, F, "--envelope", os.path.join(tmp, "no_such_dump"))
     check(rc == 2 and "does not exist" in err and "Traceback" not in err, "missing envelope folder: exit 2 with a message",
