@@ -821,9 +821,10 @@ def report(c, verbose):
 # they feed and the routing flips. Routing: bf16 moves router margins (on the fixture by up to 0.01 in
 # layer 0 and 0.14 in layer 5), so a port flip is a near-tie when its fp32 margin is below
 # max(--near-tie, ENV_FLIP_K x the largest margin change an envelope run shows in that layer), else a
-# bug; a port row downstream of the port's near-tie flips is judged against the runs that made the same
-# flips (same layer, position, expert) and not judged when none did; rows downstream of a run's own
-# flips are left out of its smoothing scale. Logits rows use max |a - b| over the fp32 top-k ids (floor
+# bug. A row downstream of routing flips (compare.py's shadow: the flipped position, later positions in
+# later layers) is judged against the envelope runs with exactly the same upstream flips as the port
+# (same layer, position, expert; or none), and not judged when no run shares them; rows downstream of
+# a run's own flips are left out of its smoothing scale. Logits rows use max |a - b| over the fp32 top-k ids (floor
 # LOGITS_ATOL). Caches (state tensors) are judged through the K/V rows.
 #
 # The limits come from legitimate bf16 runs on the compact fixture (hidden 16, so 16-wide rows: the
@@ -949,9 +950,9 @@ class EnvelopeCheck:
         return keys
 
     def judge(self, exec_idx, name, kind, rtol, d_port, dists, port_rel, others_rel):
-        """dists = [(label, d(t) list)] of the envelope runs; fills one result. A port row downstream of
-        routing flips is judged against the runs that made the same flips (same layer, position, expert),
-        and not judged when none did."""
+        """dists = [(label, d(t) list)] of the envelope runs; fills one result. A row is judged against the
+        runs whose upstream routing flips are the port's (same layer, position, expert; or none), and not
+        judged when no run shares them."""
         rows = len(d_port)
         pkeys = self.flip_keys("PORT", exec_idx, name, rows)
         keys = {label: self.flip_keys(label, exec_idx, name, rows) for label, _ in dists}
@@ -961,7 +962,7 @@ class EnvelopeCheck:
         for t in range(rows):
             usable = [d[t] for label, d in dists if keys[label][t] == pkeys[t] and math.isfinite(d[t])]
             if not usable:
-                continue
+                continue        # after routing flips the port and the envelope runs do not share: not judged
             env_rows[t] = max([smooth] + usable)
             judged.append(t)
             same.append(max(usable))
@@ -1107,9 +1108,9 @@ def envelope_report(e, verbose):
               + (" ..." if len(e.not_judged) > 8 else ""))
     n_after = sum(x["after_flips"] for x in e.results)
     n_skip = sum(x["shadowed"] for x in e.results)
-    print(f"\njudged {len(e.results)} tensors against the envelope; {n_after} rows after routing flips judged "
-          f"against an envelope run that made the same flips, {n_skip} rows after flips no envelope run made "
-          f"(not judged)")
+    print(f"\njudged {len(e.results)} tensors against the envelope; {n_after} rows after the port's routing flips "
+          f"judged against an envelope run that made the same flips; {n_skip} rows after flips the port and the "
+          f"envelope runs do not share (not judged)")
     first = e.exceeded()
     if first:
         pos, ex, name, ratio, flip = first

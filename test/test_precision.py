@@ -10,7 +10,7 @@ index.json -> golden_bf16 gives; fixture_to_dump.py converts golden/, golden_bf1
 Verdicts (FP32 = golden/, ENVELOPE = golden_bf16/, SPREAD = golden_bf16/decode/, all converted):
 - legitimate runs: the official bf16 whole-prompt run and its token-by-token run are "within the bf16
   envelope" (the latter also with the envelope alone, no spread: the honest case, two different runs);
-  the official fp32 run is within, "far below";
+  the official fp32 run and zaya.c's fp32 dump (full logits) are within, "far below";
 - injected bugs of the kinds porters make, each computed (standard library, bf16 rounding where the
   official code rounds, docs/bf16.md) from the official bf16 inputs of the step where it enters, written
   into a copy of the bf16 dump at that tensor only. Downstream tensors keep the official values, so these
@@ -272,7 +272,7 @@ def main():
     check_verdict("official bf16 whole prompt (envelope + spread)", E, ("within",), F, E, S)
     _, out = check_verdict("official bf16 token by token (envelope + spread)", S, ("within",), F, E, S)
     # rows after routing flips are judged against the run that made the same flips (here: all of them)
-    m = re.search(r"(\d+) rows after routing flips judged .*?, (\d+) rows after flips no envelope run made", out)
+    m = re.search(r"(\d+) rows after the port's routing flips judged .*?; (\d+) rows after flips the port and", out)
     check(m and int(m.group(1)) > 0 and int(m.group(2)) == 0,
           "rows after the token-by-token run's routing flips are judged against the run that made them",
           m.group(0) if m else out[-400:])
@@ -292,6 +292,18 @@ def main():
             check_verdict(label, e.dir, ("exceeds", name, changed), F, E, S)
 
     routing_cases(F, E, S, tmp)
+
+    # zaya.c in fp32 (the bf16 checkpoint's exact weights): within, far below
+    if check(os.path.exists(os.path.join(ROOT, "zaya")), "./zaya is built", "hint: run `make` (make test builds it)"):
+        blob = os.path.join(tmp, "fx_bf16.bin")
+        rc, o, e = run("export_weights.py", need_fixtures("checkpoint_native"), blob, "--dtype", "bf16")
+        ours = os.path.join(tmp, "zaya_fp32")
+        shutil.rmtree(ours, ignore_errors=True)
+        ids = ",".join(map(str, index["prompt"]["ids"]))
+        p = subprocess.run([os.path.join(ROOT, "zaya"), blob, "--ids", ids, "--dump", ours], cwd=ROOT,
+                           capture_output=True, text=True)
+        if check(rc == 0 and p.returncode == 0, "zaya.c dumps the fixture prompt", (o + e + p.stderr)[-400:]):
+            check_verdict("zaya.c fp32 dump", ours, ("within", "far below"), F, E, S)
     for label, folder, expected in DUMP_CASES:
         check_verdict(label, folder, expected, F, E, S)
 
