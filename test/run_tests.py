@@ -29,6 +29,7 @@ TESTS = [
     ("bf16", [sys.executable, "test/test_bf16.py"]),
     ("replay", [sys.executable, "test/test_replay.py"]),
     ("compare", [sys.executable, "test/test_compare.py"]),
+    ("precision", [sys.executable, "test/test_precision.py"]),
     ("golden_hf", [sys.executable, "test/test_golden_hf.py"]),
     ("trace", [sys.executable, "test/test_trace.py"]),
     ("walkthrough", [sys.executable, "test/test_walkthrough.py"]),

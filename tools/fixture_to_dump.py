@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""fixture_to_dump.py - convert a fixture golden folder (test/fixtures/golden, golden_zyphra) into a compare.py dump.
+"""fixture_to_dump.py - convert a fixture golden folder (test/fixtures/golden, golden_zyphra, golden_bf16,
+golden_bf16/decode) into a compare.py dump.
 
     python3 tools/fixture_to_dump.py FIXTURE_GOLDEN_DIR OUT_DIR
 
 FIXTURE_GOLDEN_DIR is `golden/` (the upstream transformers code: native module paths under taps/) or
 `golden_zyphra/` (Zyphra's legacy fork: half-layer module paths, even 2i = attention of layer i, odd
 2i+1 = MoE of layer i). The kind is detected from the tap file names, every dimension from the shapes.
+`golden_bf16/` is the upstream code with the model in bfloat16 (detected from the data: its final_norm is
+all bf16 values; the dump says "precision": "bf16" and the derived tensors below are rounded where the
+bf16 code rounds, docs/bf16.md). `golden_bf16/decode/` (no taps, no tokens.npy: the parent's prompt) is
+the same model token by token with its cache: per-layer outputs, router choices and margins, final norm
+and top-16 logits only.
 The output uses our names and shapes (docs/compare.md), skip_expert "zero" (upstream) or "passthrough"
 (legacy), and the fixture's top-k logits as `logits:top{k}_ids` / `logits:top{k}_values`.
 
@@ -35,6 +41,7 @@ fixture's index.json one folder up).
 import array
 import json
 import math
+import operator
 import os
 import sys
 
@@ -45,6 +52,24 @@ from compare import InputError, execution_order, read_npy, write_dump  # noqa: E
 
 def f32(values):
     return array.array("f", values)
+
+
+def bf16(values):
+    """Rounds float32 values to bfloat16, round to nearest even (what torch's .to(torch.bfloat16) does),
+    returned widened to float32. NaN stays NaN."""
+    bits = array.array("I", array.array("f", values).tobytes())
+    for i, b in enumerate(bits):
+        if (b & 0x7F800000) == 0x7F800000 and b & 0x007FFFFF:
+            bits[i] = 0x7FC00000                                     # a quiet NaN
+        else:
+            bits[i] = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return array.array("f", bits.tobytes())
+
+
+def all_bf16(data):
+    """Does every value of a float32 array have a zero low half (is it a bf16 value widened)?"""
+    bits = array.array("I", array.array("f", data).tobytes())
+    return all((b & 0xFFFF) == 0 for b in bits)
 
 
 def rows_of(shape, data):
@@ -63,33 +88,43 @@ class Converter:
         self.src = src
         self.taps = os.path.join(src, "taps")
         if not os.path.isdir(src):
-            raise InputError(f"{src} does not exist\n  hint: give test/fixtures/golden or test/fixtures/golden_zyphra")
+            raise InputError(f"{src} does not exist\n  hint: give test/fixtures/golden, golden_zyphra, golden_bf16 "
+                             f"or golden_bf16/decode")
         self.out = {}           # name -> (shape, data, extra)
         self.notes = []
         self.unmapped = []
         self.used = set()
-        self.tokens = list(self.npy("tokens.npy", top=True)[1])
+        # golden_bf16/decode/ has no tokens.npy and no taps/: the prompt and the tap layout are its parent's
+        self.decode = not os.path.exists(os.path.join(src, "tokens.npy")) and \
+            os.path.exists(os.path.join(src, "..", "tokens.npy"))
+        parent = os.path.normpath(os.path.join(src, "..")) if self.decode else src
+        self.tokens = list(read_npy(os.path.join(parent, "tokens.npy"))[1])
         self.T = len(self.tokens)
         hs = self.npy("hidden_states.npy", top=True)[0]
         if len(hs) != 3 or hs[1] != self.T:
             raise InputError(f"{src}/hidden_states.npy has shape {list(hs)}, expected [L, T={self.T}, H]")
         self.L = hs[0]
-        if self.has("model.layers.0.self_attn.qkv_proj.q_proj"):
+        ptaps = os.path.join(parent, "taps")
+        if os.path.exists(os.path.join(ptaps, "model.layers.0.self_attn.qkv_proj.q_proj.npy")):
             self.layout = "native"
-        elif self.has("model.layers.0.self_attn.qkv.linear_q"):
+        elif os.path.exists(os.path.join(ptaps, "model.layers.0.self_attn.qkv.linear_q.npy")):
             self.layout = "legacy"
         else:
-            raise InputError(f"{self.taps}: neither upstream (model.layers.0.self_attn.qkv_proj.q_proj.npy) nor "
+            raise InputError(f"{ptaps}: neither upstream (model.layers.0.self_attn.qkv_proj.q_proj.npy) nor "
                              f"legacy (model.layers.0.self_attn.qkv.linear_q.npy) taps found")
-        self.fixture_index = {}
-        idx = os.path.join(os.path.dirname(os.path.abspath(src)), "index.json")
+        # the fixture's index.json is one folder up (golden/, golden_bf16/) or two (golden_bf16/decode/)
+        self.fixture_index, self.root = {}, os.path.dirname(os.path.abspath(parent))
+        idx = os.path.join(self.root, "index.json")
         if os.path.exists(idx):
             with open(idx) as f:
                 self.fixture_index = json.load(f)
+        # precision of the run, from the data: a bf16 model's final RMSNorm output is all bf16 values
+        self.precision = "bf16" if all_bf16(self.npy("final_norm.npy", top=True)[1]) else "fp32"
+        self.kind = os.path.basename(os.path.abspath(parent)) + ("/decode" if self.decode else "")
 
     # ---- reading ----
     def has(self, tap):
-        return os.path.exists(os.path.join(self.taps, tap + ".npy"))
+        return not self.decode and os.path.exists(os.path.join(self.taps, tap + ".npy"))
 
     def npy(self, name, top=False):
         path = os.path.join(self.src if top else self.taps, name if top else name + ".npy")
@@ -122,8 +157,9 @@ class Converter:
     # ---- the convolutions ----
     def conv_pair(self, P, dw_tap, gr_tap, expected):
         """Depthwise and grouped conv taps [T_out, C] -> [T, C] (the depthwise conv's first T_out - T rows,
-        a_{-1}, dropped). `expected` = the grouped output rebuilt from other taps, [T, C] flat: a mismatch
-        is noted in index.json (it would mean a tap is not what this adapter thinks it is)."""
+        a_{-1}, dropped). `expected` = the grouped output rebuilt from other taps, [T, C] flat (a bf16 run:
+        (residuals, query/key taps), checked as bf16(conv + residual) == tap): a mismatch is noted in
+        index.json (it would mean a tap is not what this adapter thinks it is)."""
         if not (self.has(dw_tap) and self.has(gr_tap)):
             self.notes.append(f"{P}: conv taps missing")
             return None, None
@@ -133,7 +169,15 @@ class Converter:
             self.put(f"{P}.self_attn.qkv_proj.{name}", (self.T, C), d[drop * C:],
                      f"taps/{tap}.npy" + (f" (first {drop} row(s), a_(-1), dropped)" if drop else ""))
         _, z, _ = self.out[f"{P}.self_attn.qkv_proj.conv_qk_grouped"]
-        if expected is not None:
+        if expected is not None and self.precision == "bf16":
+            # bf16: query = bf16(conv + residual) exactly, so check that forward (the difference
+            # query - residual is not the conv output: the sum was rounded)
+            got, want = bf16(map(operator.add, z, expected[0])), expected[1]
+            n_bad = sum(1 for x, y in zip(got, want) if x != y)
+            if n_bad:
+                self.notes.append(f"{P}: bf16(grouped conv tap + residual) differs from the query/key taps in "
+                                  f"{n_bad} of {len(want)} values")
+        elif expected is not None:
             err = rel_err(z, expected)
             if err > 1e-5:
                 self.notes.append(f"{P}: the grouped conv tap differs from the one rebuilt from other taps "
@@ -149,11 +193,13 @@ class Converter:
         qr, kr = [], []
         for t in range(self.T):
             qt, kt = q[t * nq * d:(t + 1) * nq * d], k[t * nkv * d:(t + 1) * nkv * d]
-            heads = [[(qt[n * d + i] + kt[(n // g) * d + i]) * 0.5 for i in range(d)] for n in range(nq)]
-            heads = [list(f32(h)) for h in heads]
+            heads = [[(qt[n * d + i] + kt[(n // g) * d + i]) for i in range(d)] for n in range(nq)]
+            # bf16 run: q + k is a bf16 tensor (rounded), * 0.5 is exact, the mean is rounded once
+            heads = [[x * 0.5 for x in (bf16(h) if self.precision == "bf16" else f32(h))] for h in heads]
             qr.extend(x for h in heads for x in h)
             for j in range(nkv):
-                kr.extend(math.fsum(heads[j * g + r][i] for r in range(g)) / g for i in range(d))
+                mean = [math.fsum(heads[j * g + r][i] for r in range(g)) / g for i in range(d)]
+                kr.extend(bf16(mean) if self.precision == "bf16" else mean)
         how = f"from taps/{q_tap}.npy and taps/{k_tap}.npy"
         self.put(f"{P}.self_attn.qkv_proj:query_residual", (self.T, nq, d), qr,
                  how, "(q_proj[n] + k_proj[n // g]) / 2")
@@ -185,6 +231,7 @@ class Converter:
         _, sin = self.npy(sin_tap)
         rot = sc[1]
         half = rot // 2
+        rnd = bf16 if self.precision == "bf16" else f32     # each product and the sum are rounded tensors
         for part, heads in (("query", nq), ("key", nkv)):
             _, x = self.out[src[part]][:2]
             out = array.array("f", x)
@@ -194,9 +241,9 @@ class Converter:
                     base = (t * heads + h) * d
                     v = x[base:base + rot]
                     rh = [-v[j + half] for j in range(half)] + [v[j] for j in range(half)]
-                    a = f32(v[j] * c[j] for j in range(rot))          # q * cos, rounded like torch fp32
-                    b = f32(rh[j] * s[j] for j in range(rot))         # rotate_half(q) * sin
-                    out[base:base + rot] = f32(a[j] + b[j] for j in range(rot))
+                    a = rnd(v[j] * c[j] for j in range(rot))          # q * cos, rounded like torch
+                    b = rnd(rh[j] * s[j] for j in range(rot))         # rotate_half(q) * sin
+                    out[base:base + rot] = rnd(a[j] + b[j] for j in range(rot))
             self.put(f"{P}.self_attn:{part}_after_rope", (self.T, heads, d), out,
                      f"qk_norm:{part} and taps/{cos_tap}.npy, {sin_tap}.npy",
                      f"x*cos + rotate_half(x)*sin on the first {rot} dims (layer type {kind})")
@@ -210,7 +257,8 @@ class Converter:
             m = max(row)
             e = [math.exp(v - m) for v in row]
             s = math.fsum(e)
-            probs.extend(v / s for v in e)
+            p = [v / s for v in e]
+            probs.extend(bf16(p) if self.precision == "bf16" else p)    # bf16: fp32 inside, rounded once
         self.put(f"{P}.mlp.gate:router_probs", shape, probs, logits_name, "softmax of the router logits")
 
     # ---- the two layouts ----
@@ -221,12 +269,15 @@ class Converter:
         _, hs = self.npy("hidden_states.npy", top=True)
         sh = self.npy("hidden_states.npy", top=True)[0]
         H = sh[2]
-        self.tap("model.embed_tokens", "model.embed_tokens")
-        if self.layout == "legacy":
+        if not self.decode:
+            self.tap("model.embed_tokens", "model.embed_tokens")
+        if self.layout == "legacy" and not self.decode:
             self.tap("model.layers.0.input_norm.input", "model:input_scaled")
         for i in range(self.L):
             P = f"model.layers.{i}"
-            if self.layout == "native":
+            if self.decode:
+                pass                        # decode/: the per-layer outputs below only, no taps
+            elif self.layout == "native":
                 self.native_layer(i, P)
             else:
                 self.legacy_layer(i, P)
@@ -243,7 +294,7 @@ class Converter:
             sv, vals = self.npy(f"logits_top{k}_values.npy", top=True)
             self.put(f"logits:top{k}_ids", si, ids, n)
             self.put(f"logits:top{k}_values", sv, vals, f"logits_top{k}_values.npy")
-        for f in sorted(os.listdir(self.taps)):
+        for f in ([] if self.decode else sorted(os.listdir(self.taps))):
             if f.endswith(".npy") and f[:-4] not in self.used:
                 self.unmapped.append(f[:-4])
 
@@ -257,10 +308,14 @@ class Converter:
         nq, d, nkv = sq[1], sq[2], sk[1]
         qr, kr = self.residuals(P, f"{A}.qkv_proj.q_proj", f"{A}.qkv_proj.k_proj", nq, nkv, d)
         # grouped conv output = query - query_residual (q channels) and key - key_residual (k channels)
-        want = []
+        want, res, qk = [], [], []
         for t in range(self.T):
             want += [q[t * nq * d + j] - qr[t * nq * d + j] for j in range(nq * d)]
             want += [k[t * nkv * d + j] - kr[t * nkv * d + j] for j in range(nkv * d)]
+            res += qr[t * nq * d:(t + 1) * nq * d] + kr[t * nkv * d:(t + 1) * nkv * d]
+            qk += q[t * nq * d:(t + 1) * nq * d] + k[t * nkv * d:(t + 1) * nkv * d]
+        if self.precision == "bf16":
+            want = (res, qk)
         self.conv_pair(P, f"{A}.qkv_proj.conv_qk_depthwise", f"{A}.qkv_proj.conv_qk_grouped", want)
         self.tap(f"{A}.qkv_proj.v_proj_current", f"{A}.qkv_proj.v_proj_current")
         self.tap(f"{A}.qkv_proj.v_proj_delayed", f"{A}.qkv_proj.v_proj_delayed")
@@ -355,6 +410,8 @@ class Converter:
             tensors.append((name, shape, data, info))
         fx = self.fixture_index
         prod = fx.get("producer", {}).get("golden" if self.layout == "native" else "golden_zyphra", {})
+        if self.precision == "bf16" and isinstance(fx.get("golden_bf16"), dict):
+            prod = fx["golden_bf16"].get("producer", prod)
         meta = {
             "producer": {"program": "tools/fixture_to_dump.py", "version": "1",
                          "commit": prod.get("commit"), "reference": prod.get("code")},
@@ -362,9 +419,11 @@ class Converter:
                       "checkpoint": "checkpoint_native" if self.layout == "native" else "checkpoint_legacy"},
             "weight_format": {"dtype": "fp32", "group_size": 0,
                               "note": "bf16 checkpoint widened exactly to float32 (fixture README)"},
+            "precision": self.precision,
             "skip_expert": "zero" if self.layout == "native" else "passthrough",
             "tokens": self.tokens,
-            "run": "full-sequence forward (the fixture's taps)",
+            "run": ("token by token with the cache, one token per call (the fixture's decode/ run)" if self.decode
+                    else "full-sequence forward (the fixture's taps)"),
             "notes": self.notes,
             "unmapped_taps": self.unmapped,
         }
@@ -386,7 +445,8 @@ def main(argv):
     except OSError as e:
         print(f"fixture_to_dump.py: {e.filename}: {e.strerror}", file=sys.stderr)
         return 2
-    print(f"wrote {argv[1]}: {n} tensors ({conv.layout} golden, {conv.L} layers, {conv.T} positions, "
+    print(f"wrote {argv[1]}: {n} tensors ({conv.kind}: {conv.layout} layout, {conv.precision}, "
+          f"{'token by token, ' if conv.decode else ''}{conv.L} layers, {conv.T} positions, "
           f"skip_expert {'zero' if conv.layout == 'native' else 'passthrough'}); unmapped taps: {len(conv.unmapped)}")
     return 0
 
