@@ -1346,7 +1346,6 @@ def main(argv=None):
     ap.add_argument("--replay-out", help="with --model: where the replays go (default TEST_DIR_replay)")
     ap.add_argument("--bf16", action="store_true", help="with --local --model: the port runs in bf16; also replay in "
                     "bf16 for the envelope")
-    ap.add_argument("--envelope", help="with --local: zaya.c's bf16 replay of the same dump (--precision bf16)")
     ap.add_argument("--reference", help="with --local: a reference dump of the same ids, for the end-to-end column")
     ap.add_argument("--tol-scale", type=float, default=1.0, help="multiply every tolerance by X")
     ap.add_argument("--weights", choices=["fp32", "int8"], help="gate kind (default: from index.json weight_format)")
@@ -1355,7 +1354,8 @@ def main(argv=None):
     ap.add_argument("--verbose", action="store_true", help="list every tensor")
     ap.add_argument("--json", metavar="OUT", help="also write every metric as JSON")
     ap.add_argument("--envelope", metavar="BF16_DUMP", help="precision mode: TEST_DIR is a port, REF_DIR the fp32 "
-                    "reference, BF16_DUMP a known-good bf16 run of the same ids; is the port's drift bf16 or a bug?")
+                    "reference, BF16_DUMP a known-good bf16 run of the same ids; is the port's drift bf16 or a bug? "
+                    "With --local: zaya.c's bf16 replay of TEST_DIR (--precision bf16), the local envelope")
     ap.add_argument("--spread", metavar="BF16_DUMP2", help="with --envelope: another legitimate bf16 run "
                     "(e.g. token by token) that widens the envelope")
     try:
@@ -1365,6 +1365,15 @@ def main(argv=None):
     if args.spread and not args.envelope:
         print("compare.py: --spread needs --envelope", file=sys.stderr)
         return 2
+    if args.local:
+        if not (args.tol_scale > 0):
+            print("compare.py: --tol-scale must be > 0", file=sys.stderr)
+            return 2
+        try:
+            return local_main(args)
+        except InputError as e:
+            print(f"compare.py: {e}", file=sys.stderr)
+            return 2
     if args.envelope:
         if args.tol_scale != 1.0 or args.weights or args.strict:
             print("compare.py: --tol-scale, --weights and --strict do not apply with --envelope (its limits are "
@@ -1374,12 +1383,6 @@ def main(argv=None):
     if not (args.tol_scale > 0):
         print("compare.py: --tol-scale must be > 0", file=sys.stderr)
         return 2
-    if args.local:
-        try:
-            return local_main(args)
-        except InputError as e:
-            print(f"compare.py: {e}", file=sys.stderr)
-            return 2
     if not args.ref_dir:
         print("compare.py: give TEST_DIR and REF_DIR (or --local PORT_DUMP REPLAY_DUMP)", file=sys.stderr)
         return 2

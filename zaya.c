@@ -204,7 +204,7 @@ static void cca_convolutions(const Batch *b, const ZayaLayer *L, float *conv_sta
 
 /* §3.5 HF ZayaCCAProjection, the residual mix: q_res[n] = (q~[n] + k~[n/g]) / 2 for query head n,
  * k_res[j] = the mean of q_res over KV head j's g query heads; bf16: the sum of two heads rounded;
- * the mean's sum rounded, then its quotient. u [n, C] -> [n, nq, d], [n, nkv, d] */
+ * the mean summed in float32 and rounded once. u [n, C] -> [n, nq, d], [n, nkv, d] */
 static void residual_mix(const Batch *b, const float *u, float *q_res, float *k_res) {
     const int d = b->c->head_dim, nq = b->c->num_heads, nkv = b->c->num_kv_heads, g = nq / nkv, C = (nq + nkv) * d;
     for (int t = 0; t < b->n; t++) {
@@ -217,7 +217,7 @@ static void residual_mix(const Batch *b, const float *u, float *q_res, float *k_
             for (int i = 0; i < d; i++) {
                 float sum = 0.0f;
                 for (int r = 0; r < g; r++) sum += qr[(j * g + r) * d + i];
-                kr[j * d + i] = held(b, held(b, sum) / (float)g);
+                kr[j * d + i] = held(b, sum / (float)g);
             }
     }
     tap(b, "self_attn.qkv_proj:query_residual", q_res, nq * d, nq, d);

@@ -48,7 +48,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import compare  # noqa: E402
 from fixture_to_dump import bf16  # noqa: E402
-from harness import BUILD, check, finish, need_fixtures  # noqa: E402
+from harness import BUILD, check, finish, mutant, need_fixtures  # noqa: E402
 
 # (label, dump folder, expected): cases other tests or the engine produce; see the docstring
 DUMP_CASES = []
@@ -245,6 +245,51 @@ def fixture_hashes():
     return index
 
 
+# Bugs of the kinds porters make, put into zaya.c itself (test/harness.py mutant()) and run in bf16 with the
+# fixture's torch rounding: every downstream tensor is the buggy engine's own. (label, name, zaya.c edits,
+# expected): expected as in DUMP_CASES.
+ENGINE_BUGS = [
+    ("engine bf16, wrong index: the delayed value is this token's v_proj_delayed", "delayed_index",
+     [("""        memcpy(v + (size_t)t * VD + half, delayed_value, sizeof(float) * (size_t)half);
+        memcpy(delayed_value, vd + (size_t)t * half, sizeof(float) * (size_t)half);""",
+       """        memcpy(delayed_value, vd + (size_t)t * half, sizeof(float) * (size_t)half);
+        memcpy(v + (size_t)t * VD + half, delayed_value, sizeof(float) * (size_t)half);""")],
+     ("exceeds", "model.layers.0.self_attn.qkv_proj:value", None)),
+    ("engine bf16, wrong index: RoPE pairs (2j, 2j+1) instead of (j, j+rot/2)", "rope_pairs",
+     [("                const float x0 = x[j], x1 = x[j + half];", "                const float x0 = x[2 * j], x1 = x[2 * j + 1];"),
+      ("""                x[j] = held(b, held(b, x0 * cos_t[j]) - held(b, x1 * sin_t[j]));
+                x[j + half] = held(b, held(b, x1 * cos_t[j]) + held(b, x0 * sin_t[j]));""",
+       """                x[2 * j] = held(b, held(b, x0 * cos_t[j]) - held(b, x1 * sin_t[j]));
+                x[2 * j + 1] = held(b, held(b, x1 * cos_t[j]) + held(b, x0 * sin_t[j]));""")],
+     ("exceeds", "model.layers.0.self_attn:query_after_rope", None)),
+    ("engine bf16, wrong constant: attention scaled by 1/d instead of d^-1/2", "attn_scale",
+     [("const float scale = scalar(b, 1.0f / sqrtf((float)d));", "const float scale = scalar(b, 1.0f / (float)d);")],
+     ("exceeds", "model.layers.0.self_attn:attn_output", None)),
+    ("engine bf16, missing term: layer 1's EDA without the previous state", "no_eda_l1",
+     [("rho[i] = states_scale ? held(b,", "rho[i] = states_scale && b->layer != 1 ? held(b,")],
+     ("exceeds", "model.layers.1.mlp.gate:router_state", None)),
+    ("engine bf16, misplaced cast: RMSNorm's x/rms not rounded before the weight (not distinguishable end to end)",
+     "norm_cast", [("o[i] = held(b, w[i] * held(b, held(b, xt[i]) * inv_rms));",
+                    "o[i] = held(b, w[i] * (held(b, xt[i]) * inv_rms));")], ("within",)),
+]
+
+
+def engine_cases(blob, ids, tmp, F, E, S):
+    """zaya.c's own bf16 runs (both torch variants) are within; each ENGINE_BUGS mutant is named where it enters."""
+    runs = [(f"zaya.c --precision {p}", os.path.join(ROOT, "zaya"), p, ("within",)) for p in ("bf16", "bf16-torch1.13")]
+    for label, name, edits, expected in ENGINE_BUGS:
+        runs.append((label, mutant(name, edits), "bf16-torch1.13", expected))
+    for label, zaya, precision, expected in runs:
+        if not zaya:
+            continue
+        out = os.path.join(tmp, "engine_" + label.split(":")[0].replace(" ", "_").replace("-", "_"))
+        shutil.rmtree(out, ignore_errors=True)
+        p = subprocess.run([zaya, blob, "--ids", ids, "--dump", out, "--precision", precision], cwd=ROOT,
+                           capture_output=True, text=True)
+        if check(p.returncode == 0, f"{label}: dumps", p.stderr[-300:]):
+            check_verdict(label, out, expected, F, E, S)
+
+
 def main():
     index = fixture_hashes()
     cfg = index["config"]
@@ -304,6 +349,7 @@ def main():
                            capture_output=True, text=True)
         if check(rc == 0 and p.returncode == 0, "zaya.c dumps the fixture prompt", (o + e + p.stderr)[-400:]):
             check_verdict("zaya.c fp32 dump", ours, ("within", "far below"), F, E, S)
+            engine_cases(blob, ids, tmp, F, E, S)
     for label, folder, expected in DUMP_CASES:
         check_verdict(label, folder, expected, F, E, S)
 
