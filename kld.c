@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct {
     FILE *f;
@@ -129,6 +130,11 @@ int zaya_kld_base(const ZayaModel *m, ZayaState *s, const char *corpus_path, con
     if (max_chunks >= 0 && max_chunks < n_chunk) n_chunk = max_chunks;
     const int first = n_ctx / 2, per_chunk = n_ctx - 1 - first;
 
+    struct stat st;
+    if (stat(out_path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        free(tokens);
+        return zaya_fail(err, errlen, "--kld-base %s is a folder\n  hint: give the name of the base file to write, e.g. %s/zaya.kld", out_path, out_path);
+    }
     char tmp[4200];
     if (strlen(out_path) + 9 >= sizeof tmp) { free(tokens); return zaya_fail(err, errlen, "--kld-base path is too long"); }
     snprintf(tmp, sizeof tmp, "%s.partial", out_path);
@@ -183,7 +189,10 @@ int zaya_kld_base(const ZayaModel *m, ZayaState *s, const char *corpus_path, con
     free(chunk);
     free(k.row);
     if (fclose(k.f) != 0 && !k.err[0]) snprintf(k.err, sizeof k.err, "cannot write %s: %s\n  hint: check the disk space", tmp, strerror(errno));
-    if (k.err[0]) return zaya_fail(err, errlen, "%s", k.err);
+    if (k.err[0]) {
+        remove(tmp);
+        return zaya_fail(err, errlen, "%s", k.err);
+    }
     if (rename(tmp, out_path) != 0) return zaya_fail(err, errlen, "cannot rename %s to %s: %s", tmp, out_path, strerror(errno));
     fprintf(out, "\n");
     fflush(out);
