@@ -27,6 +27,7 @@ TESTS = [
     ("tokenizer", [sys.executable, "test/test_tokenizer.py"]),
     ("dims", [sys.executable, "test/test_dims.py"]),
     ("compare", [sys.executable, "test/test_compare.py"]),
+    ("formats", [sys.executable, "test/test_formats.py"]),
     ("golden_hf", [sys.executable, "test/test_golden_hf.py"]),
     ("trace", [sys.executable, "test/test_trace.py"]),
     ("walkthrough", [sys.executable, "test/test_walkthrough.py"]),
