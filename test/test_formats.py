@@ -20,7 +20,8 @@ On the compact fixture (native checkpoint, fp32) and its prompt:
   (and --chunks), the corpus ids (<bos> + text without its last newline), the exact file size, every
   row's pad 0; every row's dequantized log-probs equal the log-softmax (over the first n_vocab logits)
   of ./zaya --dump's logits of the same chunk (first token replaced by <bos>) within half a
-  quantization step, log-probs below max - 16 stored as 0 at the row's minimum; the printed
+  quantization step, log-probs below max - 16 stored as 0 at the row's floor (also on a copy of the blob
+  whose final norm is doubled to make logits span more than 16); the printed
   [1]x,[2]y,... perplexities and the Final estimate equal those computed from the dumped logits.
 """
 import array
@@ -397,6 +398,39 @@ except (IndexError, ValueError):
 check(abs(ppl - math.exp(mean)) <= 1e-5 * ppl and abs(pm - sd * math.exp(mean)) <= 1e-3 * pm,
       "the Final estimate (PPL +/- its standard error) equals the one of the dumped logits",
       f"{final} vs {math.exp(mean):.4f} +/- {sd * math.exp(mean):.5f}")
+
+# logits wider than 16: the final norm's weight doubled in a copy of the blob (tensor data is not
+# in the header's CRC), so that rows have log-probs below max - 16, stored as q = 0 at the row's floor
+WIDE = os.path.join(OUT, "wide.bin")
+shutil.copyfile(BLOB, WIDE)
+with open(WIDE, "r+b") as f:
+    head = f.read(1 << 16)
+    for i in range(struct.unpack_from("<I", head, 32)[0]):
+        e = head[1024 + 192 * i:1024 + 192 * (i + 1)]
+        if e[:128].rstrip(b"\0") == b"model.norm.weight":
+            off, nbytes = struct.unpack_from("<QQ", e, 168)
+            f.seek(off)
+            w = array.array("f", f.read(nbytes))
+            f.seek(off)
+            f.write(array.array("f", [2 * v for v in w]).tobytes())
+KLDW = os.path.join(OUT, "wide.kld")
+rc, out, info = run(["./zaya", WIDE, "--kld-base", KLDW, "-f", CORPUS, "--ctx", str(N_CTX), "--chunks", "1"])
+magic, n_ctx, n_vocab, chunks, toks, rows, size = read_kld(KLDW)
+d = os.path.join(OUT, "wide_chunk0")
+rc2, _, err2 = run(["./zaya", WIDE, "--ids", ",".join(map(str, corpus_ids[:N_CTX])), "--dump", d, "--dump-filter", "^logits$"])
+(t_, V), lg = read_npy(os.path.join(d, "logits.npy"))
+problems, clamped = [], 0
+for j in range(PER):
+    qrow = array.array("H", rows[j * NV * 2:(j + 1) * NV * 2])
+    if sys.byteorder == "big":
+        qrow.byteswap()
+    x = lg[(FIRST + j) * V:(FIRST + j) * V + N_VOCAB]
+    top = max(x)
+    clamped += sum(1 for v in x if v < top - 16)
+    problems += log_softmax_check("wide", lg[(FIRST + j) * V:(FIRST + j + 1) * V], qrow, corpus_ids[FIRST + j + 1])[1]
+check(rc == 0 and rc2 == 0 and clamped > 1000 and not problems,
+      f"logits spanning more than 16 (final norm x 2): {clamped} log-probs below max - 16 are stored as the floor, "
+      f"the rest within half a step", f"{problems[:3]} {info[-200:]} {err2[-200:]}")
 
 # --chunks and an odd n_ctx: the same layout rules
 KLD2 = os.path.join(OUT, "zaya2.kld")
