@@ -352,29 +352,32 @@ static void put_escaped(FILE *f, const char *s, size_t n) {
 }
 
 /* One __metadata__ entry whose value is JSON text, stored as a string (metadata is string -> string). */
-static void meta_json(FILE *f, const char *key, void (*writer)(FILE *, const Dump *), const Dump *d) {
+static void meta_json(FILE *f, const char *key, void (*writer)(FILE *, const Dump *, int), const Dump *d, int worst) {
     char *buf = NULL;
     size_t len = 0;
     FILE *m = open_memstream(&buf, &len);
-    if (m) { writer(m, d); fclose(m); }
+    if (m) { writer(m, d, worst); fclose(m); }
     fprintf(f, ",\"%s\":\"", key);
     if (buf) put_escaped(f, buf, len);
     fputc('"', f);
     free(buf);
 }
 
-static int g_worst;   /* the "tensors" writer's worst flag (meta_json's writers take only the dump) */
-static void write_model_entries(FILE *f, const Dump *d) {
+/* The writers of the metadata fields, in meta_json's form. */
+static void meta_entries(FILE *f, const Dump *d, int worst) {
     fputc('[', f);
     int order = 0;
     for (int i = 0; i < d->n; i++) {
         if (d->t[i].skip) continue;
         if (order) fputs(", ", f);
-        write_entry(f, d, &d->t[i], order++, 0, g_worst);
+        write_entry(f, d, &d->t[i], order++, 0, worst);
     }
     fputc(']', f);
 }
-static void write_producer_d(FILE *f, const Dump *d) { (void)d; write_producer(f); }
+static void meta_producer(FILE *f, const Dump *d, int worst) { (void)d; (void)worst; write_producer(f); }
+static void meta_model(FILE *f, const Dump *d, int worst) { (void)worst; write_model(f, d); }
+static void meta_weight_format(FILE *f, const Dump *d, int worst) { (void)worst; write_weight_format(f, d); }
+static void meta_tokens(FILE *f, const Dump *d, int worst) { (void)worst; write_tokens(f, d); }
 
 /* The safetensors JSON header: __metadata__ first (what index.json holds, each field as a string),
  * then every tensor in execution order with dtype, shape and data_offsets. Returns malloc'ed text. */
@@ -384,13 +387,12 @@ static char *st_header(const Dump *d, int worst, size_t *len) {
     FILE *f = open_memstream(&buf, len);
     if (!f) return NULL;
     fputs("{\"__metadata__\":{\"format_version\":\"1\"", f);
-    meta_json(f, "producer", write_producer_d, d);
-    meta_json(f, "model", write_model, d);
-    meta_json(f, "weight_format", write_weight_format, d);
+    meta_json(f, "producer", meta_producer, d, worst);
+    meta_json(f, "model", meta_model, d, worst);
+    meta_json(f, "weight_format", meta_weight_format, d, worst);
     fprintf(f, ",\"skip_expert\":\"%s\"", skip_name(d));
-    meta_json(f, "tokens", write_tokens, d);
-    g_worst = worst;
-    meta_json(f, "tensors", write_model_entries, d);
+    meta_json(f, "tokens", meta_tokens, d, worst);
+    meta_json(f, "tensors", meta_entries, d, worst);
     fputc('}', f);
     for (int i = 0; i < d->n; i++) {
         const DumpTensor *t = &d->t[i];
