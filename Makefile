@@ -4,9 +4,10 @@ CFLAGS  ?= -O3 -march=native
 WARN     = -std=c11 -Wall -Wextra -Werror -Wno-unknown-pragmas
 COMMIT  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DEFS     = -DZAYA_COMMIT=\"$(COMMIT)\"
-LIB      = zaya.c blob.c kernels.c tokenizer.c trace.c replay.c
-SRC      = $(LIB) main.c
-HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h replay.h
+LIB      = zaya.c blob.c kernels.c tokenizer.c trace.c
+CLI      = dump.c kld.c replay.c
+SRC      = $(LIB) $(CLI) main.c
+HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h dump.h kld.h replay.h
 LIBS     = -pthread -lm
 PYTHON  ?= python3
 FIXTURES ?= test/fixtures
@@ -31,7 +32,7 @@ build/test_kernels: test/test_kernels.c $(LIB) $(HDR)
 # test/test_sample.c includes main.c whole, to test the command line's static sampler
 build/test_sample: test/test_sample.c $(SRC) $(HDR)
 	mkdir -p build
-	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_sample.c $(LIB) $(LIBS)
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_sample.c $(LIB) $(CLI) $(LIBS)
 
 # test/test_decode.c: a token decoded without a tap = the same token with one (--dump), any thread count
 build/test_decode: test/test_decode.c $(LIB) $(HDR)

@@ -6,10 +6,14 @@
     python3 compare.py PORT_DIR FP32_DIR --envelope BF16_DIR [--spread BF16_DIR2] [--near-tie M] [--verbose]
                        [--json OUT]           (is it bf16 or a bug? see "Precision envelope" below)
 
-A dump is a folder with index.json and one NumPy .npy file per tensor (docs/compare.md): written by
-`./zaya MODEL.bin --ids ... --dump DIR`, by tools/golden_hf.py (the official transformers code), by
-tools/fixture_to_dump.py (the shared fixture goldens) or by any other port. Tensors are matched by name
-and compared in the reference's execution order. The report names the FIRST DIVERGENCE (the earliest
+A dump is a folder with index.json and one NumPy .npy file per tensor (docs/compare.md), or one
+.safetensors file holding the same tensors with index.json's fields in its __metadata__
+(docs/golden-formats.md); either form on either side. Written by `./zaya MODEL.bin --ids ... --dump DIR`
+(or `--dump FILE.safetensors`), by tools/golden_hf.py (the official transformers code), by
+tools/fixture_to_dump.py (the shared fixture goldens) or by any other port. A dump that is incomplete (a
+folder without index.json, which ./zaya writes last; a safetensors file whose header is not written yet
+or that is cut short) is an input error, never compared in part. Tensors are matched by name and
+compared in the reference's execution order. The report names the FIRST DIVERGENCE (the earliest
 position at which any tensor is past its tolerance, and at that position the first tensor in execution
 order), the error each layer adds, routing agreement with the reference's router margins (near-tie or
 BUG), and logits agreement (top-1, top-5/16 overlap, KL).
@@ -48,6 +52,7 @@ NMSE here is sum((a-b)^2) / sum(b^2) (= relative L2 squared); llama.cpp's script
 import argparse
 import array
 import ast
+import errno
 import heapq
 import json
 import math
@@ -228,23 +233,165 @@ def write_dump(out_dir, tensors, meta):
         f.write("\n")
 
 
+# safetensors (https://github.com/huggingface/safetensors, README "Format" and safetensors/src/tensor.rs):
+# 8 bytes little-endian u64 N, N bytes of a UTF-8 JSON object {name: {dtype, shape, data_offsets: [begin,
+# end]}, "__metadata__": {str: str}} (trailing spaces allowed), then the data buffer; offsets are relative
+# to the buffer, the tensors cover it exactly (no holes, no overlap), little-endian, C order.
+ST_DTYPES = {"F32": ("f", 4), "I32": ("i", 4), "F64": ("d", 8), "I64": ("q", 8), "F16": ("e", 2), "BF16": ("bf16", 2)}
+ST_MAX_HEADER = 100_000_000
+
+
+class Incomplete(InputError):
+    """A dump cut short or not finished (index.json missing, a safetensors header not written or data missing)."""
+
+
+def _no_duplicates(pairs):
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise InputError("duplicate key " + repr(next(k for k in keys if keys.count(k) > 1)))
+    return dict(pairs)
+
+
+def read_safetensors_header(path, label="the"):
+    """(data start, {name: (dtype, shape, begin, end)} in offset order, __metadata__ dict) of a safetensors
+    file, checked like the reference reader: header length, UTF-8 JSON object, str->str metadata, known
+    dtypes, offsets contiguous from 0 with end - begin = bytes of the shape, the file exactly as long as
+    the header says. A file whose header length is still 0 (zaya writes the header last) or that is
+    shorter than its header says raises Incomplete."""
+    hint = "\n  hint: the run that wrote it was interrupted or failed; write the dump again"
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+            text = f.read(n) if n and n <= ST_MAX_HEADER else b""
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror}")
+    if n is None:
+        raise Incomplete(f"{label} dump {path} is incomplete: {size} bytes, shorter than the 8-byte header length" + hint)
+    if n == 0:
+        raise Incomplete(f"{label} dump {path} is incomplete: its header length is 0 (./zaya writes the header "
+                         f"last, so the run did not finish)" + hint)
+    if n > ST_MAX_HEADER:
+        raise InputError(f"{path}: header length {n} is over the format's limit of {ST_MAX_HEADER} bytes "
+                         f"(not a safetensors file?)")
+    if len(text) < n:
+        raise Incomplete(f"{label} dump {path} is incomplete: cut short inside its {n}-byte header "
+                         f"({size} bytes in the file)" + hint)
+    try:
+        s = text.decode("utf-8")
+        if not s.startswith("{"):
+            raise ValueError("the header does not start with '{'")
+        obj = json.loads(s, object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, ValueError, InputError) as e:
+        raise InputError(f"{path}: the safetensors header is not a valid UTF-8 JSON object ({e})")
+    meta = obj.pop("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise InputError(f"{path}: __metadata__ must map strings to strings")
+    tensors = []
+    for name, info in obj.items():
+        try:
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            ok = dtype in ST_DTYPES and all(type(d) is int and d >= 0 for d in shape) and \
+                type(begin) is int and type(end) is int and 0 <= begin <= end
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise InputError(f"{path}: tensor {name}: expected {{dtype ({'/'.join(ST_DTYPES)}), shape, "
+                             f"data_offsets [begin, end]}}, found {str(info)[:200]}")
+        tensors.append((begin, end, name, dtype, list(shape)))
+    tensors.sort()
+    pos = 0
+    for begin, end, name, dtype, shape in tensors:
+        if begin != pos:
+            raise InputError(f"{path}: tensor {name} starts at {begin}, expected {pos} (the data must be covered "
+                             f"without holes or overlap)")
+        if end - begin != math.prod(shape) * ST_DTYPES[dtype][1]:
+            raise InputError(f"{path}: tensor {name}: {dtype} {shape} needs {math.prod(shape) * ST_DTYPES[dtype][1]} "
+                             f"bytes, data_offsets give {end - begin}")
+        pos = end
+    if 8 + n + pos > size:
+        raise Incomplete(f"{label} dump {path} is incomplete: cut short, {size} bytes of the {8 + n + pos} its "
+                         f"header describes" + hint)
+    if 8 + n + pos < size:
+        raise InputError(f"{path}: {size - 8 - n - pos} bytes after the last tensor (the header describes "
+                         f"{8 + n + pos} bytes)")
+    return 8 + n, {name: (dtype, shape, begin, end) for begin, end, name, dtype, shape in tensors}, meta
+
+
+def decode_values(raw, dtype):
+    """array.array ('f', 'i', 'd' or 'q') of little-endian bytes; F16 and BF16 are widened to float32."""
+    code = ST_DTYPES[dtype][0]
+    if code == "e":
+        return array.array("f", struct.unpack(f"<{len(raw) // 2}e", raw))
+    if code == "bf16":
+        half = array.array("H", raw)
+        if sys.byteorder == "big":
+            half.byteswap()
+        wide = array.array("I", (h << 16 for h in half))
+        if sys.byteorder == "big":
+            wide.byteswap()
+        raw, code = wide.tobytes(), "f"
+    data = array.array(code)
+    data.frombytes(raw)
+    if sys.byteorder == "big":
+        data.byteswap()
+    return data
+
+
+def safetensors_index(path, meta, header):
+    """The index.json fields of a safetensors dump: from __metadata__ where zaya.c put them (each field as
+    JSON text, plain strings as they are), else the header's tensors in offset order."""
+    index = {}
+    for key, value in meta.items():
+        if key in ("format_version", "producer", "model", "weight_format", "tokens", "tensors", "replay"):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                if key in ("tokens", "tensors"):
+                    raise InputError(f"{path}: __metadata__ {key} is not JSON text")
+        index[key] = value
+    st_dtype = {"F32": "float32", "I32": "int32", "F64": "float64", "I64": "int64", "F16": "float16", "BF16": "bfloat16"}
+    listed = index.get("tensors") if isinstance(index.get("tensors"), list) else []
+    names = {t.get("name") for t in listed if isinstance(t, dict)}
+    index["tensors"] = list(listed) + [{"name": name, "shape": shape, "dtype": st_dtype[dtype]}
+                                       for name, (dtype, shape, _, _) in header.items() if name not in names]
+    for t in index["tensors"]:
+        if isinstance(t, dict) and t.get("name") not in header:
+            raise InputError(f"{path}: __metadata__ lists tensor {t.get('name')} but the header has no such tensor")
+    return index
+
+
 class Dump:
-    """A dump folder: its index.json, the tensor names in execution order, and lazy tensor loading."""
+    """A dump, a folder (index.json + one .npy per tensor) or one .safetensors file: the index, the tensor
+    names in execution order, and lazy tensor loading."""
 
     def __init__(self, folder, label):
         self.folder, self.label = folder, label
-        if not os.path.isdir(folder):
-            raise InputError(f"{label} dump folder {folder} does not exist (or is not a folder)\n"
+        self.st = None          # safetensors: (data start, {name: (dtype, shape, begin, end)})
+        if os.path.isfile(folder):
+            start, header, meta = read_safetensors_header(folder, label)
+            self.st = (start, header)
+            self.index = safetensors_index(folder, meta, header)
+            path = folder
+        elif not os.path.isdir(folder):
+            raise InputError(f"{label} dump {folder} does not exist (neither a folder nor a .safetensors file)\n"
                              f"  hint: write one with ./zaya MODEL.bin --ids 2,818,... --dump {folder}")
-        path = os.path.join(folder, "index.json")
-        try:
-            with open(path) as f:
-                self.index = json.load(f)
-        except OSError as e:
-            raise InputError(f"cannot read {path}: {e.strerror}\n  hint: a dump folder holds index.json "
-                             f"and one .npy per tensor (docs/compare.md)")
-        except ValueError as e:
-            raise InputError(f"{path} is not valid JSON: {e}")
+        else:
+            path = os.path.join(folder, "index.json")
+            try:
+                with open(path) as f:
+                    self.index = json.load(f)
+            except OSError as e:
+                npys = [n for n in os.listdir(folder) if n.endswith(".npy")] if e.errno == errno.ENOENT else []
+                if npys:
+                    raise Incomplete(f"{label} dump {folder} is incomplete: {len(npys)} .npy files but no index.json, "
+                                     f"which ./zaya writes last\n  hint: the run that wrote it was interrupted or "
+                                     f"failed; write the dump again")
+                raise InputError(f"cannot read {path}: {e.strerror}\n  hint: a dump folder holds index.json "
+                                 f"and one .npy per tensor (docs/compare.md)")
+            except ValueError as e:
+                raise InputError(f"{path} is not valid JSON: {e}")
         tensors = self.index.get("tensors") if isinstance(self.index, dict) else None
         if not isinstance(tensors, list):
             raise InputError(f"{path}: no `tensors` list (expected the format of docs/compare.md)")
@@ -273,10 +420,24 @@ class Dump:
         if name in self._cache:
             return self._cache[name]
         entry = self.entries[name]
-        fname = entry.get("file") or file_name(name)
-        shape, data = read_npy(os.path.join(self.folder, fname))
+        if self.st:
+            start, header = self.st
+            dtype, shape, begin, end = header[name]
+            shape, fname = tuple(shape), os.path.basename(self.folder)
+            try:
+                with open(self.folder, "rb") as f:
+                    f.seek(start + begin)
+                    raw = f.read(end - begin)
+            except OSError as e:
+                raise InputError(f"cannot read {self.folder}: {e.strerror}")
+            if len(raw) != end - begin:
+                raise Incomplete(f"{self.label} dump {self.folder} is incomplete: cut short inside tensor {name}")
+            data = decode_values(raw, dtype)
+        else:
+            fname = entry.get("file") or file_name(name)
+            shape, data = read_npy(os.path.join(self.folder, fname))
         if "shape" in entry and list(entry["shape"]) != list(shape):
-            raise InputError(f"{self.label} {name}: index.json says shape {entry['shape']}, "
+            raise InputError(f"{self.label} {name}: {'__metadata__' if self.st else 'index.json'} says shape {entry['shape']}, "
                              f"{fname} holds {list(shape)}")
         if keep:
             self._cache[name] = (shape, data)

@@ -1,34 +1,30 @@
-/* main.c - the zaya command line: generation, chat, sampling, --dump, --trace, --encode/--decode.
+/* main.c - the zaya command line: generation, chat, sampling; --dump (dump.c), --kld-base (kld.c), --replay
+ * (replay.c), --trace (trace.c), --encode/--decode.
  *
  *   ./zaya MODEL.bin -i "text" [-n 256] [-t 1.0] [-p 0.9] [-s seed] [-m generate|chat] ...
  *
- * Every mode runs the model through zaya_forward() (zaya.c). ./zaya --help lists the options.
+ * Every mode runs the model through zaya_forward() (zaya.c), --replay through zaya_replay_layer().
+ * ./zaya --help lists the options.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "zaya.h"
 #include "tokenizer.h"
 #include "trace.h"
 #include "kernels.h"   /* softmax (the sampler) */
+#include "dump.h"
 #include "replay.h"
+#include "kld.h"
 
 #include <errno.h>
 #include <math.h>
-#include <regex.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
-#ifndef ZAYA_VERSION
-#define ZAYA_VERSION "1.0"
-#endif
-#ifndef ZAYA_COMMIT
-#define ZAYA_COMMIT "unknown"
-#endif
 
 static double now_s(void) {
     struct timespec ts;
@@ -105,169 +101,6 @@ static int sample(float *logits, int n, float temperature, float topp, uint64_t 
     return scratch[last].id;
 }
 
-/* ---- --dump DIR: every tap, token-major, one .npy each, plus index.json (docs/compare.md) ---- */
-
-typedef struct {
-    char name[160];
-    int is_int, ndim, shape[2];
-    size_t row;          /* values per position */
-    size_t rows, cap;    /* positions stored, capacity */
-    unsigned char *data;
-    int state;           /* 1 = a state tensor written once after the run (full shape in `shape`) */
-} DumpTensor;
-
-typedef struct {
-    DumpTensor *t;
-    int n, cap, cursor;
-    regex_t filter;
-    int has_filter;
-    int list_only;       /* --list-taps: collect names and shapes of one position */
-} Dump;
-
-static void full_name(char *out, size_t n, const ZayaTap *tap) {
-    if (tap->layer < 0) snprintf(out, n, "%s", tap->name);
-    else snprintf(out, n, "model.layers.%d.%s", tap->layer, tap->name);
-}
-
-static void dump_tap(void *ctx, const ZayaTap *tap) {
-    Dump *d = ctx;
-    if (tap->ragged) return;   /* not a [T, ...] array: --trace shows it */
-    char name[160];
-    full_name(name, sizeof name, tap);
-    /* taps arrive in the same order at every position: try the next expected entry first */
-    int idx = -1;
-    if (d->n && strcmp(d->t[d->cursor % d->n].name, name) == 0) idx = d->cursor % d->n;
-    for (int i = 0; idx < 0 && i < d->n; i++) if (strcmp(d->t[i].name, name) == 0) idx = i;
-    if (idx < 0) {
-        if (d->has_filter && regexec(&d->filter, name, 0, NULL, 0) != 0) return;
-        if (d->n == d->cap) {
-            d->cap = d->cap ? 2 * d->cap : 256;
-            d->t = realloc(d->t, sizeof(DumpTensor) * (size_t)d->cap);
-            if (!d->t) die("out of memory in --dump");
-        }
-        DumpTensor *t = &d->t[d->n];
-        memset(t, 0, sizeof *t);
-        snprintf(t->name, sizeof t->name, "%s", name);
-        t->is_int = tap->is_int;
-        t->ndim = tap->ndim;
-        t->shape[0] = tap->shape[0];
-        t->shape[1] = tap->shape[1];
-        t->row = tap->ndim == 0 ? 1 : tap->ndim == 1 ? (size_t)tap->shape[0] : (size_t)tap->shape[0] * tap->shape[1];
-        idx = d->n++;
-    }
-    d->cursor = idx + 1;
-    DumpTensor *t = &d->t[idx];
-    if (d->list_only) return;
-    if (t->rows == t->cap) {
-        t->cap = t->cap ? 2 * t->cap : 16;
-        t->data = realloc(t->data, t->cap * t->row * 4);
-        if (!t->data) die("out of memory in --dump (tensor %s)", t->name);
-    }
-    memcpy(t->data + t->rows * t->row * 4, tap->data, t->row * 4);
-    t->rows++;
-}
-
-static void dump_state_tap(void *ctx, const ZayaTap *tap) {
-    Dump *d = ctx;
-    int before = d->n;
-    dump_tap(ctx, tap);
-    if (d->n > before) d->t[d->n - 1].state = 1;
-}
-
-/* NumPy format 1.0: magic, version, header length, a dict padded with spaces to 64 bytes. */
-static int write_npy(const char *path, const DumpTensor *t) {
-    char shape[96];
-    if (t->state) {
-        if (t->ndim == 2) snprintf(shape, sizeof shape, "(%d, %d)", t->shape[0], t->shape[1]);
-        else snprintf(shape, sizeof shape, "(%d,)", t->shape[0]);
-    } else if (t->ndim == 0) snprintf(shape, sizeof shape, "(%zu,)", t->rows);
-    else if (t->ndim == 1) snprintf(shape, sizeof shape, "(%zu, %d)", t->rows, t->shape[0]);
-    else snprintf(shape, sizeof shape, "(%zu, %d, %d)", t->rows, t->shape[0], t->shape[1]);
-    char header[256];
-    int len = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
-                       t->is_int ? "<i4" : "<f4", shape);
-    int total = (10 + len + 1 + 63) / 64 * 64;
-    while (10 + len + 1 < total) header[len++] = ' ';
-    header[len++] = '\n';
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(len & 0xFF), (unsigned char)(len >> 8)};
-    size_t nbytes = (t->state ? 1 : t->rows) * t->row * 4;
-    int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(header, 1, (size_t)len, f) == (size_t)len &&
-             (nbytes == 0 || fwrite(t->data, 1, nbytes, f) == nbytes);
-    return (fclose(f) == 0 && ok) ? 0 : -1;
-}
-
-static void json_number(FILE *f, double v) {
-    if (isfinite(v)) fprintf(f, "%.9g", v);
-    else fputs("null", f);
-}
-
-/* extra: more members of index.json's top object ("\"key\": value,\n" lines), or "" */
-static void write_dump(const char *dir, Dump *d, const ZayaModel *m, const char *model_path, int skip_mode,
-                       int precision, const int *tokens, int n_tokens, const char *extra) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/index.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) die("cannot write %s: %s\n  hint: check that the folder is writable", path, strerror(errno));
-    const char *formats[] = {"fp32", "bf16", "int8"};
-    fprintf(f, "{\n  \"format_version\": 1,\n  \"producer\": {\"program\": \"zaya.c\", \"version\": \"%s\", \"commit\": \"%s\"},\n",
-            ZAYA_VERSION, ZAYA_COMMIT);
-    fprintf(f, "  \"model\": {\"path\": \"");
-    for (const char *p = model_path; *p; p++) {
-        if (*p == '"' || *p == '\\') fputc('\\', f);
-        if ((unsigned char)*p >= 0x20) fputc(*p, f);
-    }
-    fprintf(f, "\", \"source_layout\": \"%s\", \"provenance\": %s},\n", m->source_layout ? "legacy" : "native",
-            m->provenance[0] == '{' ? m->provenance : "null");
-    fprintf(f, "  \"weight_format\": {\"dtype\": \"%s\", \"group_size\": %d},\n", formats[m->weight_format], m->group_size);
-    const char *precisions[] = {"fp32", "bf16", "bf16-torch1.13"};
-    fprintf(f, "  \"skip_expert\": \"%s\",\n", skip_mode == ZAYA_SKIP_PASSTHROUGH ? "passthrough" : "zero");
-    if (precision != ZAYA_PRECISION_FP32) fprintf(f, "  \"precision\": \"%s\",\n", precisions[precision]);
-    fputs(extra, f);
-    fprintf(f, "  \"tokens\": [");
-    for (int i = 0; i < n_tokens; i++) fprintf(f, "%s%d", i ? ", " : "", tokens[i]);
-    fprintf(f, "],\n  \"tensors\": [\n");
-    for (int i = 0; i < d->n; i++) {
-        DumpTensor *t = &d->t[i];
-        char file[200];
-        snprintf(file, sizeof file, "%s.npy", t->name);
-        for (char *p = file; *p; p++) if (*p == ':') *p = '~';
-        snprintf(path, sizeof path, "%s/%s", dir, file);
-        if (write_npy(path, t) != 0) die("cannot write %s: %s\n  hint: check the disk space and that the folder is writable", path, strerror(errno));
-        size_t n = (t->state ? 1 : t->rows) * t->row, nan = 0, inf = 0, fin = 0;
-        double mn = INFINITY, mx = -INFINITY, sum = 0, ss = 0;
-        for (size_t k = 0; k < n; k++) {
-            double v;
-            if (t->is_int) { int32_t iv; memcpy(&iv, t->data + 4 * k, 4); v = iv; }
-            else { float fv; memcpy(&fv, t->data + 4 * k, 4); v = fv; }
-            if (isnan(v)) { nan++; continue; }
-            if (isinf(v)) { inf++; continue; }
-            fin++;
-            mn = v < mn ? v : mn;
-            mx = v > mx ? v : mx;
-            sum += v;
-            ss += v * v;
-        }
-        fprintf(f, "    {\"name\": \"%s\", \"file\": \"%s\", \"shape\": [", t->name, file);
-        if (t->state) fprintf(f, t->ndim == 2 ? "%d, %d" : "%d", t->shape[0], t->shape[1]);
-        else if (t->ndim == 0) fprintf(f, "%zu", t->rows);
-        else if (t->ndim == 1) fprintf(f, "%zu, %d", t->rows, t->shape[0]);
-        else fprintf(f, "%zu, %d, %d", t->rows, t->shape[0], t->shape[1]);
-        fprintf(f, "], \"dtype\": \"%s\", \"order\": %d, \"stats\": {\"min\": ", t->is_int ? "int32" : "float32", i);
-        json_number(f, fin ? mn : NAN);
-        fputs(", \"max\": ", f);
-        json_number(f, fin ? mx : NAN);
-        fputs(", \"mean\": ", f);
-        json_number(f, fin ? sum / (double)fin : NAN);
-        fputs(", \"rms\": ", f);
-        json_number(f, fin ? sqrt(ss / (double)fin) : NAN);
-        fprintf(f, ", \"nan\": %zu, \"inf\": %zu}}%s\n", nan, inf, i + 1 < d->n ? "," : "");
-    }
-    fprintf(f, "  ]\n}\n");
-    if (fclose(f) != 0) die("cannot write %s/index.json: %s", dir, strerror(errno));
-}
-
 /* ---- arguments ---- */
 
 static void usage(FILE *f) {
@@ -294,7 +127,9 @@ static void usage(FILE *f) {
           "  --verify           check every tensor's CRC-32 at load\n"
           "  --hugepages        copy the weights into huge-page memory at load: slower start, faster decode\n"
           "Inspection:\n"
-          "  --dump DIR         write every intermediate tensor (HF module paths) as .npy + index.json\n"
+          "  --dump DIR         write every intermediate tensor (HF module paths) as .npy + index.json,\n"
+          "                     streamed as the model runs (index.json last: it marks the dump complete)\n"
+          "  --dump F.safetensors  the same tensors in one safetensors file (index.json's fields in __metadata__)\n"
           "  --dump-filter RE   only tensors whose name matches the POSIX extended regex RE\n"
           "  --list-taps        print the names and shapes of all tensors --dump writes\n"
           "  --replay PORT_DUMP with --dump OUT: every layer recomputed from the port's own input to it (the\n"
@@ -303,6 +138,11 @@ static void usage(FILE *f) {
           "  --trace POS        print every step of forward() at prompt position POS (needs --ids or -i;\n"
           "                     -n 0 unless given; not with --dump; see trace.h)\n"
           "  --trace-layer N    limit --trace to layer N (the model-level steps are still printed)\n"
+          "KL-divergence base for llama.cpp (docs/golden-formats.md):\n"
+          "  --kld-base FILE    write the log-probabilities of llama-perplexity --kl-divergence-base FILE\n"
+          "  -f CORPUS          the text to score (needed by --kld-base), cut into chunks of --ctx tokens\n"
+          "                     (default 512, llama-perplexity's -c); prints its [1]ppl,[2]ppl,... and PPL\n"
+          "  --chunks N         score only the first N chunks (llama-perplexity --chunks)\n"
           "Tokenizer:\n"
           "  --encode           read UTF-8 text from stdin, print HF tokenizer(text) ids\n"
           "  --decode IDS       print HF decode(ids, skip_special_tokens=False)\n"
@@ -368,7 +208,9 @@ static float parse_float(const char *flag, const char *v, float lo, float hi) {
 
 typedef struct {
     const char *model_path, *prompt, *ids, *dump_dir, *dump_filter, *replay_dir, *system_prompt, *decode_ids, *mode;
+    const char *kld_base, *corpus;
     int steps, steps_given, print_ids, skip_expert, precision, ctx, threads, batch, verify, hugepages, list_taps, encode, no_think;
+    int chunks;
     int trace_pos, trace_layer;
     float temperature, topp;
     uint64_t seed;
@@ -383,6 +225,7 @@ static Options parse_args(int argc, char **argv) {
     o.trace_pos = -1;
     o.trace_layer = -1;
     o.mode = "generate";
+    o.chunks = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
@@ -404,7 +247,7 @@ static Options parse_args(int argc, char **argv) {
         }
         static const char *with_value[] = {"-i", "--ids", "-n", "-t", "-p", "-s", "-m", "-y", "--skip-expert", "--precision", "--ctx",
                                            "--threads", "--batch", "--dump", "--dump-filter", "--replay", "--trace", "--trace-layer",
-                                           "--decode", NULL};
+                                           "--decode", "--kld-base", "-f", "--chunks", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) die("unknown option \"%s\"\n  hint: see zaya -h for the list of options", a);
@@ -439,12 +282,24 @@ static Options parse_args(int argc, char **argv) {
         else if (!strcmp(a, "--trace")) o.trace_pos = (int)parse_int(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--trace-layer")) o.trace_layer = (int)parse_int(a, v, 0, ZAYA_MAX_LAYERS - 1);
         else if (!strcmp(a, "--decode")) o.decode_ids = v;
+        else if (!strcmp(a, "--kld-base")) o.kld_base = v;
+        else if (!strcmp(a, "-f")) o.corpus = v;
+        else if (!strcmp(a, "--chunks")) o.chunks = (int)parse_int(a, v, 1, 1 << 30);
     }
     if (!o.model_path) { usage(stderr); die("no model file given\n  hint: zaya MODEL.bin -i \"prompt\" (export MODEL.bin with export_weights.py)"); }
     if (o.prompt && o.ids) die("give the prompt either as -i TEXT or as --ids, not both");
     if ((o.dump_dir || o.trace_pos >= 0) && !o.steps_given) o.steps = 0;
     if (o.trace_pos >= 0 && o.dump_dir) die("--trace and --dump cannot be combined\n  hint: run twice; the values are identical");
     if (o.trace_layer >= 0 && o.trace_pos < 0) die("--trace-layer needs --trace POS");
+    if (o.replay_dir && (!o.dump_dir || o.prompt || o.ids || o.trace_pos >= 0 || o.kld_base || strcmp(o.mode, "generate")))
+        die("--replay PORT_DUMP runs the ids of that dump and writes its taps with --dump OUT\n"
+            "  expected: ./zaya MODEL --replay PORT_DUMP --dump OUT (no -i, --ids, --trace, --kld-base or -m chat)");
+    if (o.kld_base && !o.corpus)
+        die("--kld-base %s needs a corpus to score\n  hint: add -f corpus.txt (a UTF-8 text file, e.g. wikitext-2's wiki.test.raw)", o.kld_base);
+    if (o.corpus && !o.kld_base) die("-f %s: a corpus is only read by --kld-base\n  hint: add --kld-base FILE, or give a prompt with -i", o.corpus);
+    if (o.chunks >= 0 && !o.kld_base) die("--chunks only applies to --kld-base");
+    if (o.kld_base && (o.prompt || o.ids || o.dump_dir || o.trace_pos >= 0 || o.list_taps || o.encode || o.decode_ids || strcmp(o.mode, "generate")))
+        die("--kld-base runs over its corpus (-f) alone\n  hint: give no -i, --ids, --dump, --trace, --list-taps, --encode, --decode or -m with it");
     return o;
 }
 
@@ -686,11 +541,12 @@ static void report_speed(const Runner *r, double load_s) {
 
 static void list_taps(const ZayaModel *m, ZayaState *s) {
     Dump d = {0};
-    d.list_only = 1;
-    s->tap = dump_tap;
+    d.fd = -1;
+    s->tap = dump_learn;
     s->tap_ctx = &d;
     char err[512];
     if (zaya_forward(m, s, &m->config.bos_id, 1, err, sizeof err) != 0) die("%s", err);
+    if (dump_error(&d)) die("%s", dump_error(&d));
     for (int i = 0; i < d.n; i++) {
         const DumpTensor *t = &d.t[i];
         if (t->ndim == 0) printf("%-64s [T] %s\n", t->name, t->is_int ? "int32" : "float32");
@@ -699,22 +555,41 @@ static void list_taps(const ZayaModel *m, ZayaState *s) {
     }
     printf("(after the last position: model.layers.{i}.self_attn.qkv_proj:conv_state, "
            ":delayed_value_state, self_attn:key_cache, self_attn:value_cache)\n");
-    free(d.t);
+    dump_free(&d);
 }
 
-static void make_dump_dir(const char *dir) {
-    struct stat st;
-    if (stat(dir, &st) == 0) {
-        if (!S_ISDIR(st.st_mode)) die("--dump %s exists and is not a folder\n  hint: give a new or existing folder", dir);
-    } else if (mkdir(dir, 0777) != 0) {
-        die("cannot create the dump folder %s: %s\n  hint: check the parent folder exists and is writable", dir, strerror(errno));
-    }
-    char probe[4096];
-    snprintf(probe, sizeof probe, "%s/.zaya_write_test", dir);
-    FILE *f = fopen(probe, "w");
-    if (!f) die("the dump folder %s is not writable: %s", dir, strerror(errno));
-    fclose(f);
-    remove(probe);
+/* --replay PORT_DUMP --dump OUT: every layer recomputed from the port's input to it (replay.c), written as a
+ * dump of the port's ids; index.json's "replay" says what came from the port. */
+static void replay(const ZayaModel *m, ZayaState *s, const Options *o, Dump *dump) {
+    char err[1024], json[4096];
+    ReplayInfo info;
+    if (zaya_replay_open(m, o->replay_dir, &info, err, sizeof err) != 0) die("%s", err);
+    if (info.n_tokens > s->ctx)
+        die("replay: the port's dump has %d positions, the context %d\n  hint: raise --ctx (max %d)", info.n_tokens, s->ctx,
+            m->config.max_position);
+    int len = snprintf(json, sizeof json, "{\"of\": \"");
+    for (const char *p = o->replay_dir; *p && len < 2048; p++)
+        if ((unsigned char)*p >= 0x20) len += snprintf(json + len, sizeof json - (size_t)len, "%s%c", *p == '"' || *p == '\\' ? "\\" : "", *p);
+    len += snprintf(json + len, sizeof json - (size_t)len, "\", \"layer_0_input\": \"%s\", \"router_state_from_port\": [",
+                    info.input_computed ? "computed from the ids" : "model:input_scaled");
+    for (int i = 0; i < m->config.num_layers; i++)
+        len += snprintf(json + len, sizeof json - (size_t)len, "%s%s", i ? ", " : "", info.router_state_from_port[i] ? "true" : "false");
+    snprintf(json + len, sizeof json - (size_t)len, "]}");
+    dump->replay_json = json;
+    s->tap = dump_learn;   /* the taps of one position; a replay has no embedding and no state tensors */
+    s->tap_ctx = dump;
+    if (zaya_forward(m, s, info.tokens, 1, err, sizeof err) != 0) die("%s", err);
+    dump_leave_out(dump, "model.embed_tokens");
+    dump_leave_out(dump, "model:input_scaled");
+    zaya_state_reset(s, m);
+    if (dump_plan(dump, info.n_tokens, m, o->model_path, o->skip_expert, info.tokens, err, sizeof err) != 0) die("%s", err);
+    s->tap = dump_tap;
+    if (zaya_replay_run(m, s, o->replay_dir, &info, stderr, err, sizeof err) != 0) die("%s", err);
+    if (dump_error(dump)) die("%s", dump_error(dump));
+    if (dump_finish(dump, err, sizeof err) != 0) die("%s", err);
+    fprintf(stderr, "replay: wrote %s; compare with: python3 compare.py --local %s %s\n", o->dump_dir, o->replay_dir, o->dump_dir);
+    dump_free(dump);
+    free(info.tokens);
 }
 
 int main(int argc, char **argv) {
@@ -743,16 +618,32 @@ int main(int argc, char **argv) {
         zaya_free(&m);
         return 0;
     }
+    if (o.kld_base) {   /* llama-perplexity's chunks: --ctx is its -c (default 512) */
+        int n_ctx = o.ctx ? o.ctx : (c->max_position < 512 ? c->max_position : 512);
+        if (n_ctx > c->max_position) die("--ctx %d is larger than the model's max_position_embeddings %d", n_ctx, c->max_position);
+        need_tokenizer(&m, "--kld-base (to tokenize the corpus)");
+        ZayaState s;
+        if (zaya_state_init(&s, &m, n_ctx, o.threads, err, sizeof err) != 0) die("%s", err);
+        s.skip_expert = o.skip_expert;
+        s.precision = o.precision;
+        if (o.batch) s.batch = o.batch;
+        t0 = now_s();
+        if (zaya_kld_base(&m, &s, o.corpus, o.kld_base, n_ctx, o.chunks, stdout, stderr, err, sizeof err) != 0) die("%s", err);
+        fprintf(stderr, "load: %.3f s, kld-base: %.3f s\n", load_s, now_s() - t0);
+        zaya_state_free(&s);
+        zaya_free(&m);
+        return 0;
+    }
     int n_prompt = 0;
     int *prompt = NULL;
     if (o.ids) prompt = parse_ids("--ids", o.ids, c->vocab_size, &n_prompt);
     else if (o.prompt) prompt = encode_prompt(need_tokenizer(&m, "-i"), o.prompt, &n_prompt);
-    if (o.replay_dir && (!o.dump_dir || prompt || o.trace_pos >= 0 || strcmp(o.mode, "generate")))
-        die("--replay PORT_DUMP runs the ids of that dump and writes its taps with --dump OUT\n"
-            "  expected: ./zaya MODEL --replay PORT_DUMP --dump OUT (no -i, --ids, --trace or -m chat)");
+    Dump dump = {0};
+    dump.fd = -1;
     if (o.dump_dir) {
         if (!prompt && !o.replay_dir) die("--dump needs a prompt: --ids 2,818,... or -i TEXT");
-        make_dump_dir(o.dump_dir);
+        if (dump_open(&dump, o.dump_dir, o.dump_filter, err, sizeof err) != 0) die("%s", err);
+        dump.precision = o.precision;
     }
     int ctx = o.ctx ? o.ctx : (c->max_position < 4096 ? c->max_position : 4096);
     if (ctx > c->max_position) die("--ctx %d is larger than the model's max_position_embeddings %d", ctx, c->max_position);
@@ -765,39 +656,7 @@ int main(int argc, char **argv) {
     s.precision = o.precision;
     if (o.batch) s.batch = o.batch;
     if (o.list_taps) { list_taps(&m, &s); zaya_state_free(&s); zaya_free(&m); return 0; }
-    Dump dump = {0};
-    if (o.dump_dir) {
-        if (o.dump_filter) {
-            if (regcomp(&dump.filter, o.dump_filter, REG_EXTENDED | REG_NOSUB) != 0)
-                die("--dump-filter \"%s\" is not a valid POSIX extended regular expression", o.dump_filter);
-            dump.has_filter = 1;
-        }
-    }
-    if (o.replay_dir) {   /* every layer from the port's own input (replay.c) */
-        ReplayInfo info;
-        s.tap = dump_tap;
-        s.tap_ctx = &dump;
-        if (zaya_replay_dump(&m, &s, o.replay_dir, &info, stderr, err, sizeof err) != 0) die("%s", err);
-        char extra[8192];
-        int len = snprintf(extra, sizeof extra, "  \"replay\": {\"of\": \"");
-        for (const char *p = o.replay_dir; *p && len < 4096; p++)
-            if ((unsigned char)*p >= 0x20) len += snprintf(extra + len, sizeof extra - (size_t)len, "%s%c", *p == '"' || *p == '\\' ? "\\" : "", *p);
-        len += snprintf(extra + len, sizeof extra - (size_t)len, "\", \"layer_0_input\": \"%s\", \"router_state_from_port\": [",
-                        info.input_computed ? "computed from the ids" : "model:input_scaled");
-        for (int i = 0; i < c->num_layers; i++)
-            len += snprintf(extra + len, sizeof extra - (size_t)len, "%s%s", i ? ", " : "", info.router_state_from_port[i] ? "true" : "false");
-        snprintf(extra + len, sizeof extra - (size_t)len, "]},\n");
-        write_dump(o.dump_dir, &dump, &m, o.model_path, o.skip_expert, o.precision, info.tokens, info.n_tokens, extra);
-        fprintf(stderr, "replay: wrote %s (%d tensors); compare with: python3 compare.py --local %s %s\n", o.dump_dir, dump.n,
-                o.replay_dir, o.dump_dir);
-        for (int i = 0; i < dump.n; i++) free(dump.t[i].data);
-        free(dump.t);
-        if (dump.has_filter) regfree(&dump.filter);
-        free(info.tokens);
-        zaya_state_free(&s);
-        zaya_free(&m);
-        return 0;
-    }
+    if (o.replay_dir) { replay(&m, &s, &o, &dump); zaya_state_free(&s); zaya_free(&m); return 0; }
     int chat = !strcmp(o.mode, "chat");
     if (!prompt && !chat) die("no prompt\n  hint: give -i \"text\" or --ids 2,818,..., or use -m chat");
     if (chat && (prompt || o.dump_dir || o.trace_pos >= 0)) die("-m chat reads the user's messages from standard input: give no -i, --ids, --dump or --trace");
@@ -810,9 +669,14 @@ int main(int argc, char **argv) {
         s.tap = zaya_trace_tap;
         s.tap_ctx = &trace;
     }
-    if (o.dump_dir) {
-        s.tap = dump_tap;
+    if (o.dump_dir) {   /* one position learns every tap's name and shape, then the files are laid out */
+        s.tap = dump_learn;
         s.tap_ctx = &dump;
+        if (zaya_forward(&m, &s, prompt, 1, err, sizeof err) != 0) die("%s", err);
+        zaya_state_taps(&m, &s, dump_learn_state, &dump);
+        zaya_state_reset(&s, &m);
+        if (dump_plan(&dump, n_prompt, &m, o.model_path, o.skip_expert, prompt, err, sizeof err) != 0) die("%s", err);
+        s.tap = dump_tap;
     }
     /* never sample an id the tokenizer cannot print (the embedding has padding rows beyond it) */
     int limit = m.tokenizer && m.tokenizer->n_tokens < c->vocab_size ? m.tokenizer->n_tokens : c->vocab_size;
@@ -821,7 +685,18 @@ int main(int argc, char **argv) {
     if (!r.scratch) die("out of memory");
     if (chat) run_chat(&r);
     else {
-        run_prompt(&r, prompt, n_prompt);
+        if (o.dump_dir) {   /* a batch at a time, so that a write error stops the run early */
+            for (int i = 0; i < n_prompt; i += s.batch) {
+                run_prompt(&r, prompt + i, n_prompt - i < s.batch ? n_prompt - i : s.batch);
+                if (dump_error(&dump)) die("%s", dump_error(&dump));
+            }
+            /* the state after the last prompt position, then what marks the dump complete */
+            zaya_state_taps(&m, &s, dump_state_tap, &dump);
+            if (dump_finish(&dump, err, sizeof err) != 0) die("%s", err);
+            dump_free(&dump);
+        } else {
+            run_prompt(&r, prompt, n_prompt);
+        }
         int last = -1;
         if (o.steps > 0) {
             s.tap = NULL;   /* dumps cover the prompt positions only */
@@ -829,13 +704,6 @@ int main(int argc, char **argv) {
             printf("\n");
             fflush(stdout);   /* before the speed report on stderr */
         }
-    }
-    if (o.dump_dir) {
-        zaya_state_taps(&m, &s, dump_state_tap, &dump);
-        write_dump(o.dump_dir, &dump, &m, o.model_path, o.skip_expert, o.precision, prompt, n_prompt, "");
-        for (int i = 0; i < dump.n; i++) free(dump.t[i].data);
-        free(dump.t);
-        if (dump.has_filter) regfree(&dump.filter);
     }
     zaya_trace_free(&trace);
     report_speed(&r, load_s);

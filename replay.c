@@ -116,20 +116,43 @@ static void capture_input(void *ctx, const ZayaTap *tap) {
         memcpy(c->x + (size_t)tap->pos * c->H, tap->data, sizeof(float) * (size_t)c->H);
 }
 
-int zaya_replay_dump(const ZayaModel *m, ZayaState *s, const char *dir, ReplayInfo *info, FILE *log, char *err, size_t errlen) {
-    const ZayaConfig *c = &m->config;
-    const int H = c->hidden_size, R = c->router_hidden, L = c->num_layers;
+/* Whether the port's dump has a tensor of this name (its .npy file). */
+static int port_has(const char *dir, const char *name) {
+    char path[4096], file[512];
+    snprintf(file, sizeof file, "%s.npy", name);
+    for (char *p = file; *p; p++) if (*p == ':') *p = '~';
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    FILE *f = fopen(path, "rb");
+    if (f) fclose(f);
+    return f != NULL;
+}
+
+int zaya_replay_open(const ZayaModel *m, const char *dir, ReplayInfo *info, char *err, size_t errlen) {
     memset(info, 0, sizeof *info);
     err[0] = 0;
-    int T = read_port_tokens(dir, &info->tokens, err, errlen);
-    if (T < 0) return -1;
-    info->n_tokens = T;
+    info->n_tokens = read_port_tokens(dir, &info->tokens, err, errlen);
+    if (info->n_tokens < 0) return -1;
+    info->input_computed = !port_has(dir, "model:input_scaled");
+    for (int i = 1; i < m->config.num_layers; i++) {
+        char name[160];
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate:router_state", i - 1);
+        info->router_state_from_port[i] = (unsigned char)port_has(dir, name);
+    }
+    return 0;
+}
+
+int zaya_replay_run(const ZayaModel *m, ZayaState *s, const char *dir, const ReplayInfo *info, FILE *log, char *err,
+                    size_t errlen) {
+    const ZayaConfig *c = &m->config;
+    const int H = c->hidden_size, R = c->router_hidden, L = c->num_layers, T = info->n_tokens;
+    err[0] = 0;
     if (T > s->ctx)
         return zaya_fail(err, errlen, "replay: the port's dump has %d positions, the context %d\n  hint: raise --ctx (max %d)", T,
                          s->ctx, c->max_position);
-    float *r = read_port_tensor(dir, "model:input_scaled", T, H, err, errlen), *rho = calloc((size_t)T * R + 1, sizeof(float));
-    if (!r && err[0]) return -1;
-    if (!rho) return zaya_fail(err, errlen, "out of memory");
+    float *r = info->input_computed ? NULL : read_port_tensor(dir, "model:input_scaled", T, H, err, errlen);
+    float *rho = calloc((size_t)T * R + 1, sizeof(float));
+    if (!info->input_computed && !r) { free(rho); return -1; }
+    if (!rho) { free(r); return zaya_fail(err, errlen, "out of memory"); }
     if (!r) {   /* layer 0's input from the ids: the embedding and input scaling of zaya.c */
         Capture cap = {malloc(sizeof(float) * (size_t)T * H + 1), H};
         ZayaTapFn tap = s->tap;
@@ -142,13 +165,12 @@ int zaya_replay_dump(const ZayaModel *m, ZayaState *s, const char *dir, ReplayIn
         s->tap_ctx = tap_ctx;
         if (rc != 0) { free(cap.x); free(rho); return -1; }
         r = cap.x;
-        info->input_computed = 1;
     }
     if (log) fprintf(log, "replay: %d positions of %s; layer 0 from %s\n", T, dir,
                      info->input_computed ? "zaya.c's embedding of the ids (the dump has no model:input_scaled)" : "model:input_scaled");
     for (int i = 0; i <= L; i++) {
         char name[160];
-        if (i > 0) {   /* the port's output of layer i-1 (its rho: the port's if dumped, else ours, already in rho) */
+        if (i > 0) {   /* the port's output of layer i-1; its EDA state where the port has it, else ours (in rho) */
             snprintf(name, sizeof name, "model.layers.%d.post_mlp_residual_scale", i - 1);
             free(r);
             r = read_port_tensor(dir, name, T, H, err, errlen);
@@ -160,19 +182,15 @@ int zaya_replay_dump(const ZayaModel *m, ZayaState *s, const char *dir, ReplayIn
                 return -1;
             }
             snprintf(name, sizeof name, "model.layers.%d.mlp.gate:router_state", i - 1);
-            float *port_rho = i < L ? read_port_tensor(dir, name, T, R, err, errlen) : NULL;
+            float *port_rho = i < L && info->router_state_from_port[i] ? read_port_tensor(dir, name, T, R, err, errlen) : NULL;
             if (!port_rho && err[0]) { free(r); free(rho); return -1; }
-            if (port_rho) {
-                memcpy(rho, port_rho, sizeof(float) * (size_t)T * R);
-                free(port_rho);
-                info->router_state_from_port[i] = 1;
-            }
+            if (port_rho) memcpy(rho, port_rho, sizeof(float) * (size_t)T * R);
+            free(port_rho);
+            if (log && i < L && !info->router_state_from_port[i])
+                fprintf(log, "replay: layer %d: the dump has no %s; EDA uses zaya.c's replay of layer %d\n", i, name, i - 1);
         }
         zaya_state_reset(s, m);
         if (zaya_replay_layer(m, s, i, r, rho, T, err, errlen) != 0) { free(r); free(rho); return -1; }
-        if (log && i < L && i > 0 && !info->router_state_from_port[i])
-            fprintf(log, "replay: layer %d: the dump has no model.layers.%d.mlp.gate:router_state; EDA uses zaya.c's replay of layer %d\n",
-                    i, i - 1, i - 1);
     }
     free(r);
     free(rho);

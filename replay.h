@@ -12,11 +12,17 @@ typedef struct {
     unsigned char router_state_from_port[ZAYA_MAX_LAYERS];  /* [i]: layer i's EDA read the port's state of layer i-1 */
 } ReplayInfo;
 
-/* Replays every layer of the model, then the final norm and the LM head, each from the port's dump
- * in dir (its model.layers.{i}.post_mlp_residual_scale, and mlp.gate:router_state where present), all
+/* Reads the port's dump in dir: its ids (index.json "tokens") and which of the tensors that replay can
+ * take from it are there (model:input_scaled, each layer's mlp.gate:router_state). info->tokens is
+ * malloc'ed (free it). Returns 0, or -1 with a message in err. */
+int zaya_replay_open(const ZayaModel *m, const char *dir, ReplayInfo *info, char *err, size_t errlen);
+
+/* Replays every layer of the model, then the final norm and the LM head, each from the port's dump in
+ * dir (its model.layers.{i}.post_mlp_residual_scale, and mlp.gate:router_state where present), all
  * positions, reporting every tap to s->tap. Notes what it took from where on log (may be NULL).
- * info->tokens is malloc'ed (free it). Returns 0, or -1 with a message in err (a missing or malformed
- * tensor of the dump, too many positions for the context). */
-int zaya_replay_dump(const ZayaModel *m, ZayaState *s, const char *dir, ReplayInfo *info, FILE *log, char *err, size_t errlen);
+ * Returns 0, or -1 with a message in err (a missing or malformed tensor of the dump, too many
+ * positions for the context). */
+int zaya_replay_run(const ZayaModel *m, ZayaState *s, const char *dir, const ReplayInfo *info, FILE *log, char *err,
+                    size_t errlen);
 
 #endif /* ZAYA_REPLAY_H */

@@ -14,7 +14,10 @@ For ./zaya and ./zaya_debug (ASan + UBSan, so a silent out-of-bounds read is a f
     deeper check is the one that fires.
   - the command line: token ids outside the vocabulary, malformed --ids, unknown flags, flags
     without a value, bad numbers, --ctx beyond max_position, a prompt longer than --ctx, an unwritable
-    --dump folder, a bad --dump-filter, a bad --skip-expert, text options on a blob without tokenizer.
+    --dump folder, a bad --dump-filter, a bad --skip-expert, text options on a blob without tokenizer,
+    --dump NAME.safetensors that is a folder or in a missing folder, --kld-base without -f (and -f or
+    --chunks without --kld-base), with a prompt, a missing corpus, a corpus under 2 * n_ctx tokens, a bad
+    --ctx, an unwritable or folder output path.
   Each case: exit status exactly 1 (not a signal, not 134/139), a "zaya: error:" message naming the
   problem with its key words (what + expected/found or a hint), plain printable text, no sanitizer
   report, nothing on stdout, finished within a time limit (no hang).
@@ -24,8 +27,9 @@ For export_weights.py: missing folder / files, bad config.json (not JSON, not an
   an index naming a missing shard: exit status 1, the key words, never a Python traceback, no output
   file left behind.
 Leaks: valgrind --leak-check=full on a release build (-O3, portable kernels: valgrind cannot run the
-  AVX-512 of -march=native) generating a few tokens from ids and from text: no error, nothing
-  definitely or indirectly lost. valgrind missing = FAIL.
+  AVX-512 of -march=native) generating a few tokens from ids and from text, dumping (folder and
+  .safetensors) and writing a --kld-base: no error, nothing definitely or indirectly lost.
+  valgrind missing = FAIL.
 """
 import json
 import os
@@ -343,6 +347,8 @@ with patched([(64, u64(0))]) as path:
     zaya_fails("--encode on a blob without a tokenizer", [path, "--encode"], ["needs the tokenizer", "hint"], input=b"hi")
     zaya_fails("--decode on a blob without a tokenizer", [path, "--decode", "2,3"], ["needs the tokenizer", "hint"])
     zaya_fails("chat on a blob without a tokenizer", [path, "-m", "chat"], ["needs the tokenizer", "hint"], input=b"hi\n")
+    zaya_fails("--kld-base on a blob without a tokenizer", [path, "--kld-base", os.path.join(BAD, "nt.kld"), "-f", path],
+               ["--kld-base", "needs the tokenizer", "hint"])
 
 # ----------------------------------------------------------------------------------------------
 # The command line (on the valid blob)
@@ -370,12 +376,12 @@ zaya_fails("unknown flag", [B, "--bogus"], ["unknown option", "--bogus", "hint"]
 zaya_fails("unknown short flag", [B, "-q", "1"], ["unknown option", "-q"])
 zaya_fails("a second model path", [B, B, "--ids", "2"], ["unexpected argument", "hint"])
 for flag in ("-i", "--ids", "-n", "-t", "-p", "-s", "-m", "-y", "--skip-expert", "--ctx", "--threads", "--batch", "--dump",
-             "--dump-filter", "--trace", "--trace-layer", "--decode"):
+             "--dump-filter", "--trace", "--trace-layer", "--decode", "--kld-base", "-f", "--chunks"):
     zaya_fails(f"{flag} without its value", [B, flag], ["needs a value", flag])
 for flag, v in (("-n", "-1"), ("-n", "abc"), ("-n", "99999999999999999999"), ("-n", ""), ("-t", "abc"), ("-t", "-1"),
                 ("-t", "nan"), ("-t", "inf"), ("-t", "1e999"), ("-p", "2"), ("-p", "-0.5"), ("-p", "nan"), ("-s", "-5"),
                 ("-s", "1x"), ("--ctx", "0"), ("--ctx", "-3"), ("--ctx", "4096abc"), ("--threads", "0"), ("--batch", "0"),
-                ("--batch", "257"), ("--trace", "-1"), ("--trace-layer", "999")):
+                ("--batch", "257"), ("--trace", "-1"), ("--trace-layer", "999"), ("--chunks", "0"), ("--chunks", "x")):
     zaya_fails(f"bad number {flag} {v!r}", [B, "--ids", "2", flag, v], ["bad value", flag, "expected"])
 zaya_fails("-m bogus", [B, "--ids", "2", "-m", "bogus"], ["bad value for -m", "expected"])
 zaya_fails("--skip-expert bogus", [B, "--ids", "2", "--skip-expert", "bogus"], ["bad value for --skip-expert", "expected", "zero", "passthrough"])
@@ -414,6 +420,33 @@ for rx in ("(", "[a-", "a{2,1}", "*"):
     zaya_fails(f"--dump-filter bad regex {rx!r}", [B, "--ids", "2", "--dump", os.path.join(BAD, "dump_rx"), "--dump-filter", rx],
                ["--dump-filter", "regular expression"])
 zaya_fails("-m chat with --ids", [B, "-m", "chat", "--ids", "2"], ["-m chat", "standard input"])
+os.makedirs(os.path.join(BAD, "dir.safetensors"), exist_ok=True)
+zaya_fails("--dump NAME.safetensors that is a folder", [B, "--ids", "2", "--dump", os.path.join(BAD, "dir.safetensors")],
+           ["is a folder", ".safetensors", "hint"])
+zaya_fails("--dump NAME.safetensors in a missing folder", [B, "--ids", "2", "--dump", os.path.join(BAD, "nope", "x.safetensors")],
+           ["cannot create the dump file", "no such file", "hint"])
+
+# --kld-base (llama-perplexity's KL-divergence base): a corpus is needed, long enough, and a writable file
+corpus = os.path.join(BAD, "corpus.txt")
+with open(corpus, "w") as f:
+    f.write("The lighthouse keeper climbed the stairs every evening to light the lamp. " * 4 + "\n")
+kld = os.path.join(BAD, "base.kld")
+zaya_fails("--kld-base without a corpus", [B, "--kld-base", kld], ["--kld-base", "needs a corpus", "-f", "hint"])
+zaya_fails("-f without --kld-base", [B, "-f", corpus, "--ids", "2"], ["-f", "only read by --kld-base", "hint"])
+zaya_fails("--chunks without --kld-base", [B, "--chunks", "2", "--ids", "2"], ["--chunks", "--kld-base"])
+zaya_fails("--kld-base with --ids", [B, "--kld-base", kld, "-f", corpus, "--ids", "2"], ["--kld-base", "alone", "hint"])
+zaya_fails("--kld-base with --dump", [B, "--kld-base", kld, "-f", corpus, "--dump", os.path.join(BAD, "kd")], ["--kld-base", "alone"])
+zaya_fails("--kld-base with a missing corpus", [B, "--kld-base", kld, "-f", os.path.join(BAD, "nope.txt")],
+           ["cannot open the corpus", "nope.txt", "no such file", "hint"])
+zaya_fails("--kld-base with a corpus shorter than 2 * n_ctx tokens", [B, "--kld-base", kld, "-f", corpus],
+           ["corpus", "tokens", "too few for a context of 512", "at least 2 * n_ctx = 1024", "hint"])
+zaya_fails("--kld-base with --ctx 3", [B, "--kld-base", kld, "-f", corpus, "--ctx", "3"], ["n_ctx = 3", "expected", "4.."])
+zaya_fails("--kld-base with --ctx beyond max_position", [B, "--kld-base", kld, "-f", corpus, "--ctx", str(MAXPOS + 1)],
+           [f"--ctx {MAXPOS + 1}", "max_position"])
+zaya_fails("--kld-base into a missing folder", [B, "--kld-base", os.path.join(BAD, "nope", "x.kld"), "-f", corpus, "--ctx", "8"],
+           ["cannot write the KL-divergence base", "no such file", "hint"])
+zaya_fails("--kld-base onto a folder", [B, "--kld-base", BAD, "-f", corpus, "--ctx", "8"], ["is a folder", "hint"])
+check(not os.path.exists(kld), "a failed --kld-base leaves no base file", kld)
 
 # ----------------------------------------------------------------------------------------------
 # export_weights.py
@@ -756,11 +789,15 @@ export_fails("output path under a regular file", CKPT, ["cannot write", "hint"],
 vg = shutil.which("valgrind")
 if check(vg is not None, "valgrind is installed", "install it (apt-get install valgrind; .ci/run does)"):
     exe = os.path.join(BUILD, "zaya_valgrind")
-    rc, _, err = run(["cc", "-O3", "-std=c11", "-DZAYA_COMMIT=\"valgrind\"", "-o", exe, "zaya.c", "blob.c", "kernels.c", "tokenizer.c", "trace.c", "main.c", "-pthread", "-lm"])
+    rc, _, err = run(["cc", "-O3", "-std=c11", "-DZAYA_COMMIT=\"valgrind\"", "-o", exe, "zaya.c", "blob.c", "kernels.c", "tokenizer.c", "trace.c", "dump.c", "kld.c", "replay.c", "main.c",
+              "-pthread", "-lm"])
     if check(rc == 0, "build the release build without -march=native for valgrind", err[-500:]):
         for label, args in (("ids", ["--ids", "2,818,3823", "-n", "4", "-t", "0.8", "-s", "3", "--print-ids"]),
                             ("text", ["-i", "The old lighthouse", "-n", "3", "-t", "0"]),
-                            ("error path", ["--ids", "2", "--ctx", "999999999"])):
+                            ("error path", ["--ids", "2", "--ctx", "999999999"]),
+                            ("--dump folder", ["--ids", "2,818,3823", "--dump", os.path.join(BAD, "vg_dump")]),
+                            ("--dump .safetensors", ["--ids", "2,818,3823", "--dump", os.path.join(BAD, "vg.safetensors")]),
+                            ("--kld-base", ["--kld-base", os.path.join(BAD, "vg.kld"), "-f", corpus, "--ctx", "16", "--chunks", "2"])):
             rc, out, err = run([vg, "--leak-check=full", "--errors-for-leak-kinds=definite,indirect", "--error-exitcode=3",
                                 exe, base, *args], timeout=600)
             lost = [ln for ln in err.splitlines() if ("definitely lost:" in ln or "indirectly lost:" in ln)
