@@ -22,6 +22,8 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -456,31 +458,31 @@ dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, 
     }
 }
 
-/* The ZAYA_Q8_INTERLEAVE rows of an interleaved group (ZayaMatrix.interleaved_rows; row r's chunks at
- * w + 64 r, 64 RI apart) against one token: decode reads the group as one weight stream, and each
- * activation load serves all its rows (the kernel is bound by its loads: two 64-byte loads of
- * activations for two 32-byte loads of weights). ws: the first row's scales, the next rows' follow
- * n / group apart. Per row the same operations in the same order as dot_q8_n with nt = 1, so the
- * same results. */
+/* ZAYA_Q8_INTERLEAVE consecutive rows against one token: row r's 64-byte chunks start at w + r * step
+ * and lie pitch bytes apart (an interleaved group, ZayaMatrix.interleaved_rows: step 64, pitch
+ * 64 RI; rows alone: step cols, pitch 64). Decode reads the rows side by side, and each activation
+ * load serves all of them (the kernel is bound by its loads: two 64-byte loads of activations for two
+ * 32-byte loads of weights). ws: the first row's scales, the next rows' follow n / group apart. Per
+ * row the same operations in the same order as dot_q8_n with nt = 1, so the same results. */
 _Static_assert(ZAYA_Q8_INTERLEAVE <= DOT_TOKENS, "matmul_rows takes a group's results in r[DOT_TOKENS]");
-static void dot_q8_interleaved(float *out, const int8_t *w, const float *ws, const int16_t *xq, const float *xs,
-                               int n, int group) {
+static void dot_q8_rows(float *out, const int8_t *w, size_t step, int pitch, const float *ws, const int16_t *xq,
+                        const float *xs, int n, int group) {
     enum { RI = ZAYA_Q8_INTERLEAVE };
 #if Q8_VNNI
-    if (q8_whole_blocks(n, group)) {   /* what kernels_arrange_rows requires; else the general path below */
+    if (q8_whole_blocks(n, group)) {   /* whole 64-byte chunks; else the general path below */
         const int block = 8 * group, nb = n / block;
         __m256 a[RI];
         for (int r = 0; r < RI; r++) a[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             __m512i s0[RI], s1[RI];   /* per row, two chains */
             for (int r = 0; r < RI; r++) s0[r] = s1[r] = _mm512_setzero_si512();
-            const int8_t *wb = w + (size_t)b * block * RI;
+            const int8_t *wb = w + (size_t)b * block / 64 * pitch;
             const int16_t *xb = xq + (size_t)b * block;
 #pragma GCC unroll 8
             for (int s = 0; s < block; s += 64) {
                 const __m512i x0 = _mm512_loadu_si512(xb + s), x1 = _mm512_loadu_si512(xb + s + 32);
                 for (int r = 0; r < RI; r++) {
-                    const int8_t *c = wb + (size_t)s * RI + 64 * r;   /* row r's chunk */
+                    const int8_t *c = wb + (size_t)(s / 64) * pitch + r * step;   /* row r's chunk */
                     s0[r] = _mm512_dpwssd_epi32(s0[r], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)c)), x0);
                     s1[r] = _mm512_dpwssd_epi32(s1[r], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(c + 32))), x1);
                 }
@@ -492,7 +494,7 @@ static void dot_q8_interleaved(float *out, const int8_t *w, const float *ws, con
         return;
     }
 #endif
-    for (int r = 0; r < RI; r++) dot_q8_n(out + r, 1, w + 64 * r, 64 * RI, ws + (size_t)r * (n / group), xq, 0, xs, 0, n, group);
+    for (int r = 0; r < RI; r++) dot_q8_n(out + r, 1, w + r * step, pitch, ws + (size_t)r * (n / group), xq, 0, xs, 0, n, group);
 }
 
 /* dot_q8_n and dot_float_n with the token count fixed at compile time, so the accumulators live in
@@ -533,8 +535,10 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
                 int pitch;
                 const int8_t *wr = q8_row(w, o, &pitch);
                 const int RI = ZAYA_Q8_INTERLEAVE;
-                if (nt == 1 && o % RI == 0 && o + RI <= o1 && o + RI <= w->interleaved_rows) {   /* decode: a group at once */
-                    dot_q8_interleaved(r, wr, w->scales + row / (size_t)G, xq + (size_t)t * xq_cols, xqs + (size_t)t * (xq_cols / G), cols, G);
+                if (nt == 1 && o % RI == 0 && o + RI <= o1 && (o + RI <= w->interleaved_rows || o >= w->interleaved_rows)) {
+                    /* decode: RI rows at once (an interleaved group, or rows alone) */
+                    dot_q8_rows(r, wr, pitch == 64 ? (size_t)cols : 64, pitch, w->scales + row / (size_t)G, xq + (size_t)t * xq_cols,
+                                xqs + (size_t)t * (xq_cols / G), cols, G);
                     for (int k = 0; k < RI; k++) y[(size_t)t * ys + o + k] = r[k];
                     o += RI - 1;
                     continue;
@@ -1024,6 +1028,60 @@ void *copy_to_huge_pages(void *map, size_t size, size_t *alloc_size) {
     }
     *alloc_size = sz;
     return anon;
+}
+
+/* The file mapped read-only at a 2 MB boundary and marked MADV_HUGEPAGE: where the kernel keeps a
+ * file's page cache in 2 MB pieces (large folios: ext4 and xfs on Linux 6.x), each piece then maps
+ * whole, one TLB entry, and pages read through this mapping come in as 2 MB pieces. MAP_FAILED if
+ * the file cannot be mapped. */
+void *map_file_huge(int fd, size_t size) {
+    const size_t huge = (size_t)1 << 21;
+    char *area = mmap(NULL, size + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);   /* room to align */
+    if (area == MAP_FAILED) return mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    char *at = (char *)(((uintptr_t)area + huge - 1) & ~(uintptr_t)(huge - 1));
+    void *map = mmap(at, size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+    if (map == MAP_FAILED) { munmap(area, size + huge); return map; }
+    if (at > area) munmap(area, (size_t)(at - area));   /* the room left before and after */
+    const size_t end = ((size_t)(at - area) + size + 4095) / 4096 * 4096;
+    if (end < size + huge) munmap(area + end, size + huge - end);
+#ifdef MADV_HUGEPAGE
+    madvise(map, size, MADV_HUGEPAGE);
+#endif
+    return map;
+}
+
+/* Reads [p, p + size) of a mapping into memory now (MADV_POPULATE_READ, Linux 5.14): 0, or -1 where
+ * the kernel cannot (nothing is read then). */
+int populate_mapping(void *p, size_t size) {
+#ifdef MADV_POPULATE_READ
+    return madvise(p, size, MADV_POPULATE_READ);
+#else
+    (void)p, (void)size;
+    return -1;
+#endif
+}
+
+/* Of the mapping that holds p (/proc/self/smaps): resident bytes, bytes in 2 MB pages (AnonHugePages +
+ * FilePmdMapped), and whether it maps a file. 0, or -1 where this cannot be read. */
+int mapping_pages(const void *p, uint64_t *resident, uint64_t *huge, int *file) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0, found = 0;
+    *resident = *huge = 0;
+    *file = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi, kb, inode;
+        char perms[8];
+        if (sscanf(line, "%llx-%llx %7s %*s %*s %llu", &lo, &hi, perms, &inode) == 4) {   /* a mapping's first line */
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            if (in) found = 1, *file = inode != 0;
+        } else if (in && sscanf(line, "Rss: %llu kB", &kb) == 1) *resident = kb * 1024;
+        else if (in && (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1 || sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1))
+            *huge += kb * 1024;
+    }
+    fclose(f);
+    return found ? 0 : -1;
 }
 
 /* In builds with the AVX-512 VNNI kernel, an int8 matrix's rows go in groups of RI =

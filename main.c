@@ -713,6 +713,11 @@ int main(int argc, char **argv) {
     if (zaya_load(&m, o.model_path, (o.verify ? ZAYA_LOAD_VERIFY : 0) | (o.hugepages ? ZAYA_LOAD_HUGEPAGES : 0), err, sizeof err) != 0) die("%s", err);
     double load_s = now_s() - t0;
     const ZayaConfig *c = &m.config;
+    uint64_t resident, huge;
+    int file;
+    if (mapping_pages(m.map, &resident, &huge, &file) == 0)   /* where the weights are: a TLB entry per 2 MB or per 4 KB */
+        fprintf(stderr, "weights: %.2f GB, %s, %.2f GB resident, %.2f GB in 2 MB pages\n", m.map_size / 1e9,
+                file ? "the file mapped in place" : "copied into anonymous memory", resident / 1e9, huge / 1e9);
 
     if (o.encode) {
         run_encode(need_tokenizer(&m, "--encode"));
