@@ -458,31 +458,31 @@ dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, 
     }
 }
 
-/* ZAYA_Q8_INTERLEAVE consecutive rows against one token: row r's 64-byte chunks start at w + r * step
- * and lie pitch bytes apart (an interleaved group, ZayaMatrix.interleaved_rows: step 64, pitch
- * 64 RI; rows alone: step cols, pitch 64). Decode reads the rows side by side, and each activation
- * load serves all of them (the kernel is bound by its loads: two 64-byte loads of activations for two
- * 32-byte loads of weights). ws: the first row's scales, the next rows' follow n / group apart. Per
- * row the same operations in the same order as dot_q8_n with nt = 1, so the same results. */
+/* The ZAYA_Q8_INTERLEAVE rows of an interleaved group (ZayaMatrix.interleaved_rows; row r's chunks at
+ * w + 64 r, 64 RI apart) against one token: decode reads the group as one weight stream, and each
+ * activation load serves all its rows (the kernel is bound by its loads: two 64-byte loads of
+ * activations for two 32-byte loads of weights). ws: the first row's scales, the next rows' follow
+ * n / group apart. Per row the same operations in the same order as dot_q8_n with nt = 1, so the
+ * same results. */
 _Static_assert(ZAYA_Q8_INTERLEAVE <= DOT_TOKENS, "matmul_rows takes a group's results in r[DOT_TOKENS]");
-static void dot_q8_rows(float *out, const int8_t *w, size_t step, int pitch, const float *ws, const int16_t *xq,
-                        const float *xs, int n, int group) {
+static void dot_q8_interleaved(float *out, const int8_t *w, const float *ws, const int16_t *xq, const float *xs,
+                               int n, int group) {
     enum { RI = ZAYA_Q8_INTERLEAVE };
 #if Q8_VNNI
-    if (q8_whole_blocks(n, group)) {   /* whole 64-byte chunks; else the general path below */
+    if (q8_whole_blocks(n, group)) {   /* what kernels_arrange_rows requires; else the general path below */
         const int block = 8 * group, nb = n / block;
         __m256 a[RI];
         for (int r = 0; r < RI; r++) a[r] = _mm256_setzero_ps();
         for (int b = 0; b < nb; b++) {
             __m512i s0[RI], s1[RI];   /* per row, two chains */
             for (int r = 0; r < RI; r++) s0[r] = s1[r] = _mm512_setzero_si512();
-            const int8_t *wb = w + (size_t)b * block / 64 * pitch;
+            const int8_t *wb = w + (size_t)b * block * RI;
             const int16_t *xb = xq + (size_t)b * block;
 #pragma GCC unroll 8
             for (int s = 0; s < block; s += 64) {
                 const __m512i x0 = _mm512_loadu_si512(xb + s), x1 = _mm512_loadu_si512(xb + s + 32);
                 for (int r = 0; r < RI; r++) {
-                    const int8_t *c = wb + (size_t)(s / 64) * pitch + r * step;   /* row r's chunk */
+                    const int8_t *c = wb + (size_t)s * RI + 64 * r;   /* row r's chunk */
                     s0[r] = _mm512_dpwssd_epi32(s0[r], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)c)), x0);
                     s1[r] = _mm512_dpwssd_epi32(s1[r], _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(c + 32))), x1);
                 }
@@ -494,7 +494,7 @@ static void dot_q8_rows(float *out, const int8_t *w, size_t step, int pitch, con
         return;
     }
 #endif
-    for (int r = 0; r < RI; r++) dot_q8_n(out + r, 1, w + r * step, pitch, ws + (size_t)r * (n / group), xq, 0, xs, 0, n, group);
+    for (int r = 0; r < RI; r++) dot_q8_n(out + r, 1, w + 64 * r, 64 * RI, ws + (size_t)r * (n / group), xq, 0, xs, 0, n, group);
 }
 
 /* dot_q8_n and dot_float_n with the token count fixed at compile time, so the accumulators live in
@@ -535,10 +535,8 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
                 int pitch;
                 const int8_t *wr = q8_row(w, o, &pitch);
                 const int RI = ZAYA_Q8_INTERLEAVE;
-                if (nt == 1 && o % RI == 0 && o + RI <= o1 && (o + RI <= w->interleaved_rows || o >= w->interleaved_rows)) {
-                    /* decode: RI rows at once (an interleaved group, or rows alone) */
-                    dot_q8_rows(r, wr, pitch == 64 ? (size_t)cols : 64, pitch, w->scales + row / (size_t)G, xq + (size_t)t * xq_cols,
-                                xqs + (size_t)t * (xq_cols / G), cols, G);
+                if (nt == 1 && o % RI == 0 && o + RI <= o1 && o + RI <= w->interleaved_rows) {   /* decode: a group at once */
+                    dot_q8_interleaved(r, wr, w->scales + row / (size_t)G, xq + (size_t)t * xq_cols, xqs + (size_t)t * (xq_cols / G), cols, G);
                     for (int k = 0; k < RI; k++) y[(size_t)t * ys + o + k] = r[k];
                     o += RI - 1;
                     continue;
