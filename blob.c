@@ -385,8 +385,9 @@ static int verify_quantized(Loader *ld, const DirEntry *e) {
     return 0;
 }
 
-/* Blobs from this size on are read in at load where they fit in RAM (below, 4 KB pages cost little). */
-#define HUGE_MIN ((uint64_t)256 << 20)
+/* Blobs from this size on are read in at load where they fit in RAM (below, the L2 TLB's few
+ * thousand entries of 4 KB pages cover much of the blob). */
+#define HUGE_MIN ((uint64_t)32 << 20)
 
 /* The default for a blob that fits in RAM: its pages read in now through the 2 MB-aligned mapping, so
  * that decode streams them through 2 MB pages as fast as --hugepages' copy, without a copy and at no
@@ -448,7 +449,7 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
     m->map_size = (size_t)size;
     const uint64_t avail = available_ram();
     int copy = flags & ZAYA_LOAD_HUGEPAGES;
-    if (!copy && size >= HUGE_MIN && (!avail || size <= avail)) map = read_in_huge_pages(m, fd, &copy);
+    if (!copy && !(flags & ZAYA_LOAD_MMAP) && size >= HUGE_MIN && (!avail || size <= avail)) map = read_in_huge_pages(m, fd, &copy);
     close(fd);
     if (!map) return zaya_fail(err, errlen, "cannot mmap %s again after dropping its small pages from the page cache: %s", path, strerror(errno));
     if (copy) {
