@@ -392,15 +392,15 @@ static int verify_quantized(Loader *ld, const DirEntry *e) {
 /* The default for a blob that fits in RAM: its pages read in now through the 2 MB-aligned mapping, so
  * that decode streams them through 2 MB pages as fast as --hugepages' copy, without a copy and at no
  * start-up cost once the page cache holds the file in 2 MB pieces (bench/README.md). A page cache that
- * holds it in small pieces (the file read before by another program, or written) is dropped and read
- * again, in 2 MB pieces, once; where even then most of it stays in 4 KB pages (a kernel or file
- * system without large folios), *copy asks for --hugepages' copy. Returns the mapping (m->map), or
+ * holds more than a tenth of it in small pieces (the file read before by another program, or written)
+ * is dropped and read again, in 2 MB pieces, once; where even then most of it stays in 4 KB pages (a
+ * kernel or file system without large folios), *copy asks for --hugepages' copy. Returns the mapping (m->map), or
  * NULL (errno set) if the file cannot be mapped again. */
 static void *read_in_huge_pages(ZayaModel *m, int fd, int *copy) {
     uint64_t resident, huge;
     int file;
     if (populate_mapping(m->map, m->map_size) != 0 || mapping_pages(m->map, &resident, &huge, &file) != 0) return m->map;
-    if (huge >= m->map_size / 2) return m->map;
+    if (huge >= m->map_size / 10 * 9) return m->map;
     munmap(m->map, m->map_size);
     m->map = NULL;
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);   /* only pages no process maps: nobody loses a page */
