@@ -2,7 +2,7 @@
  *
  * Build: make build/decode_vs_read (bench.sh and make test do this)
  * Run:
- *   build/decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--no-hugepages] [--profile]
+ *   build/decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--hugepages] [--profile]
  *
  * The ceiling of a weight-streaming decoder is (read bandwidth) / (bytes one step reads). On a shared
  * host the bandwidth moves by tens of percent within seconds, so a figure measured before or after a
@@ -240,7 +240,7 @@ static void profile(const ZayaModel *m, ZayaState *s, int steps) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--no-hugepages] [--profile]\n");
+    fprintf(stderr, "usage: decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--hugepages] [--profile]\n");
     exit(2);
 }
 
@@ -262,13 +262,14 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv);   /* returns only on failure: then run as we are */
     }
     const char *path = NULL, *id_list = NULL;
-    int steps = 64, threads = 0, huge = 1, want_profile = 0;
+    int steps = 64, threads = 0, huge = 0, want_profile = 0;   /* huge: --hugepages' copy, else ./zaya's default load */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-n") && i + 1 < argc) steps = (int)arg_long(a, argv[++i], 1, 100000);
         else if (!strcmp(a, "--ids") && i + 1 < argc) id_list = argv[++i];
         else if (!strcmp(a, "--threads") && i + 1 < argc) threads = (int)arg_long(a, argv[++i], 1, 1024);
-        else if (!strcmp(a, "--no-hugepages")) huge = 0;
+        else if (!strcmp(a, "--hugepages")) huge = 1;
+        else if (!strcmp(a, "--no-hugepages")) huge = 0;   /* the default (older scripts pass it) */
         else if (!strcmp(a, "--profile")) want_profile = 1;
         else if (a[0] != '-' && !path) path = a;
         else usage();
