@@ -599,7 +599,7 @@ typedef struct {   /* the fields the threads write each on its own cache line */
     uint32_t solo_left;            /* while other programs want the cores: jobs the caller runs alone
                                     * before it looks again */
     uint32_t calm;                 /* jobs with threads since the last stall (STALL_WINDOW at the start) */
-    uint64_t stalls, busy_stalls, solo_jobs;   /* counts, for bench/ (kernels_pool_stats) */
+    uint64_t stalls, busy_stalls, solo_jobs, stall_ns;   /* counts and the time waited, for bench/ (kernels_pool_stats) */
     _Alignas(64) _Atomic int sleepers, stop;
     pthread_mutex_t mutex;
     pthread_cond_t wake;
@@ -707,6 +707,7 @@ static void pool_run(Pool *p, PieceFn fn, void *ctx, int pieces) {
     if (waited >= STALL_NS && (piece_ns == UINT64_MAX || waited >= 2 * piece_ns)) {   /* a stall */
         const int r = runnable_threads();
         p->stalls++;
+        p->stall_ns += waited;
         if (r >= 0 ? r > p->cpus : p->calm < STALL_WINDOW) {   /* other programs want the cores */
             p->busy_stalls++;
             p->solo_left = r >= 0 ? SOLO_CHECK : SOLO_JOBS;   /* alone for a while (same results) */
@@ -779,7 +780,8 @@ void kernels_free(Kernels *k) {
 
 int kernels_threads(const Kernels *k) { return k->pool.threads; }
 
-void kernels_pool_stats(const Kernels *k, uint64_t *stalls, uint64_t *busy_stalls, uint64_t *solo_jobs, uint64_t *jobs) {
+void kernels_pool_stats(const Kernels *k, uint64_t *stalls, uint64_t *busy_stalls, uint64_t *solo_jobs, uint64_t *jobs, uint64_t *stall_ns) {
+    *stall_ns = k->pool.stall_ns;
     *stalls = k->pool.stalls;
     *busy_stalls = k->pool.busy_stalls;
     *solo_jobs = k->pool.solo_jobs;

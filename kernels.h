@@ -18,8 +18,9 @@ int zaya_default_threads(void);
 void kernels_free(Kernels *k);
 int kernels_threads(const Kernels *k);
 /* The pool's counts since kernels_new: stalls (a wait for a descheduled thread's piece), those
- * when other programs wanted the cores, jobs the caller then ran alone, and all parallel jobs. */
-void kernels_pool_stats(const Kernels *k, uint64_t *stalls, uint64_t *busy_stalls, uint64_t *solo_jobs, uint64_t *jobs);
+ * when other programs wanted the cores, jobs the caller then ran alone, all parallel jobs, and the
+ * nanoseconds the stalls waited. */
+void kernels_pool_stats(const Kernels *k, uint64_t *stalls, uint64_t *busy_stalls, uint64_t *solo_jobs, uint64_t *jobs, uint64_t *stall_ns);
 
 /* Y[t][o] = W[o] . X[t] for tokens t < n (X's rows xs floats apart, Y's ys apart; n <= max_tokens,
  * W->cols <= max_cols). int8 weights meet the activations quantized to int16 per group. */

@@ -323,10 +323,10 @@ int main(int argc, char **argv) {
            "ceiling_tok/s=%.2f ratio=%.3f ratio_median=%.3f ratio_min=%.3f ratio_max=%.3f\n",
            threads, steps, rs.bytes, tok_s, gbs, gbs * 1e9 / rs.bytes, t_read / t_decode,
            ratio[steps / 2], ratio[0], ratio[steps - 1]);
-    uint64_t stalls, busy, solo, jobs;   /* whether the engine's threads ran (kernels_pool_stats) */
-    kernels_pool_stats(s.kernels, &stalls, &busy, &solo, &jobs);
-    fprintf(stderr, "pool: %llu stalls (%llu with other programs busy), %llu of %llu parallel jobs run alone\n",
-            (unsigned long long)stalls, (unsigned long long)busy, (unsigned long long)solo, (unsigned long long)jobs);
+    uint64_t stalls, busy, solo, jobs, wait_ns;   /* whether the engine's threads ran (kernels_pool_stats) */
+    kernels_pool_stats(s.kernels, &stalls, &busy, &solo, &jobs, &wait_ns);
+    fprintf(stderr, "pool: %llu stalls (%llu with other programs busy; %.1f ms waited), %llu of %llu parallel jobs run alone\n",
+            (unsigned long long)stalls, (unsigned long long)busy, wait_ns / 1e6, (unsigned long long)solo, (unsigned long long)jobs);
     if (want_profile) profile(&m, &s, steps);
     free(ratio);
     free(ids);
