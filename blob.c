@@ -385,6 +385,33 @@ static int verify_quantized(Loader *ld, const DirEntry *e) {
     return 0;
 }
 
+/* Blobs from this size on are read in at load where they fit in RAM (below, the L2 TLB's few
+ * thousand entries of 4 KB pages cover much of the blob). */
+#define HUGE_MIN ((uint64_t)32 << 20)
+
+/* The default for a blob that fits in RAM: its pages read in now through the 2 MB-aligned mapping, so
+ * that decode streams them through 2 MB pages as fast as --hugepages' copy, without a copy and at no
+ * start-up cost once the page cache holds the file in 2 MB pieces (bench/README.md). A page cache that
+ * holds more than a tenth of it in small pieces (the file read before by another program, or written)
+ * is dropped and read again, in 2 MB pieces, once; where even then most of it stays in 4 KB pages (a
+ * kernel or file system without large folios), *copy asks for --hugepages' copy. Returns the mapping (m->map), or
+ * NULL (errno set) if the file cannot be mapped again. */
+static void *read_in_huge_pages(ZayaModel *m, int fd, int *copy) {
+    uint64_t resident, huge;
+    int file;
+    if (populate_mapping(m->map, m->map_size) != 0 || mapping_pages(m->map, &resident, &huge, &file) != 0) return m->map;
+    if (huge >= m->map_size / 10 * 9) return m->map;
+    munmap(m->map, m->map_size);
+    m->map = NULL;
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);   /* only pages no process maps: nobody loses a page */
+    void *map = map_file_huge(fd, m->map_size);
+    if (map == MAP_FAILED) { m->map_size = 0; return NULL; }
+    m->map = map;
+    if (populate_mapping(map, m->map_size) != 0 || mapping_pages(map, &resident, &huge, &file) != 0 || huge < m->map_size / 2)
+        *copy = 1;
+    return map;
+}
+
 /* --hugepages: the int8 matrices' rows in the layout the fast kernel reads fastest, in the private
  * copy (kernels_arrange_rows); stacked experts are arranged expert by expert. */
 static int arrange_model_rows(ZayaModel *m) {
@@ -416,13 +443,16 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
         return zaya_fail(err, errlen, "%s is too small to be a zaya.c model\n  expected: at least %d bytes\n  found:    %llu bytes\n  hint: the file is empty or truncated; re-export it with export_weights.py",
                     path, HEADER_SIZE, (unsigned long long)size);
     }
-    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) return zaya_fail(err, errlen, "cannot mmap %s: %s", path, strerror(errno));
+    void *map = map_file_huge(fd, (size_t)size);
+    if (map == MAP_FAILED) { close(fd); return zaya_fail(err, errlen, "cannot mmap %s: %s", path, strerror(errno)); }
     m->map = map;
     m->map_size = (size_t)size;
-    if (flags & ZAYA_LOAD_HUGEPAGES) {
-        const uint64_t avail = available_ram();
+    const uint64_t avail = available_ram();
+    int copy = flags & ZAYA_LOAD_HUGEPAGES;
+    if (!copy && !(flags & ZAYA_LOAD_MMAP) && size >= HUGE_MIN && (!avail || size <= avail)) map = read_in_huge_pages(m, fd, &copy);
+    close(fd);
+    if (!map) return zaya_fail(err, errlen, "cannot mmap %s again after dropping its small pages from the page cache: %s", path, strerror(errno));
+    if (copy) {
         if (avail && size > avail) {
             zaya_free(m);
             return zaya_fail(err, errlen, "%s is too big for --hugepages\n  expected: a blob that fits in the available RAM (%.2f GB, MemAvailable)\n  found:    %.2f GB\n  hint: run without --hugepages: the weights then stay memory-mapped and are read layer by layer",
@@ -504,7 +534,7 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
             rc = zaya_fail(err, errlen, "%s: tokenizer section: %s", path, terr);
         }
     }
-    if (rc == 0 && (flags & ZAYA_LOAD_HUGEPAGES) && arrange_model_rows(m) != 0)
+    if (rc == 0 && copy && arrange_model_rows(m) != 0)
         rc = zaya_fail(err, errlen, "out of memory while interleaving the int8 rows\n  hint: run without --hugepages");
     if (rc != 0) { zaya_free(m); return -1; }
     return 0;

@@ -19,8 +19,11 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -556,10 +559,12 @@ static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, i
  * itself, one at a time, like every worker that is running; it waits only for pieces that another
  * thread has already taken. A worker the OS has descheduled (another program wants the core) takes
  * nothing and holds nobody up. A piece taken just before its thread was descheduled does hold the
- * caller up, for as long as the OS keeps that thread off its core: after two such stalls close
- * together the caller runs the next jobs alone for a while (STALL_NS, STALL_WINDOW, SOLO_JOBS).
- * Workers spin for a while between jobs (the next one usually comes within microseconds), then
- * sleep. Which thread runs a piece never changes its result.
+ * caller up, for as long as the OS keeps that thread off its core (a stall). Whether other programs
+ * want the cores, or the host (a hypervisor) took a core for a moment, the machine's count of
+ * runnable threads tells: more than its cores, and the caller runs the next jobs alone, looking
+ * again every SOLO_CHECK jobs for free cores for its threads; a host's hiccup costs one wait and
+ * nothing after. Workers spin for a while between jobs (the next one usually comes within
+ * microseconds), then sleep. Which thread runs a piece never changes its result.
  * ------------------------------------------------------------------------------------------- */
 
 typedef void (*PieceFn)(void *ctx, int piece);
@@ -568,15 +573,13 @@ typedef void (*PieceFn)(void *ctx, int piece);
 #define WORKER_SPIN_NS 1000000   /* a worker polls this long for the next job before it sleeps */
 #define CALLER_SPINS 2000    /* polls of the caller between sched_yield() calls while it waits */
 /* A wait for another thread's piece this long, and twice as long as the caller's fastest piece
- * of the job, is a stall: that thread was descheduled. A lone stall is the host's business (a
- * hypervisor or the kernel takes a core now and then, even on a quiet machine) and costs one wait.
- * A stall within STALL_WINDOW jobs with threads of the previous one means other programs want the
- * cores: the caller then runs the next jobs alone, SOLO_JOBS at first (a few tokens), twice as many
- * after each stall that follows a solo period, and tries the threads again. */
+ * of the job, is a stall: that thread was descheduled. Where the count of runnable threads cannot
+ * be read (no /proc), two stalls within STALL_WINDOW jobs with threads send the caller alone for
+ * SOLO_JOBS jobs (a few tokens). */
 #define STALL_NS 1000000
+#define SOLO_CHECK 256
 #define STALL_WINDOW 512
 #define SOLO_JOBS 1024
-#define SOLO_JOBS_MAX (SOLO_JOBS << 6)
 
 typedef struct {   /* the fields the threads write each on its own cache line */
     _Alignas(64) _Atomic uint64_t claim;   /* job << 32 | next piece << 16 | pieces */
@@ -585,9 +588,12 @@ typedef struct {   /* the fields the threads write each on its own cache line */
     void *ctx;
     int threads;                   /* including the caller */
     pthread_t *workers;            /* threads - 1 */
+    int cpus;                      /* the machine's online cores */
     uint32_t job;                  /* the caller's job counter */
-    uint32_t solo_jobs, solo_left; /* after a stall: the caller runs solo_left more jobs alone */
+    uint32_t solo_left;            /* while other programs want the cores: jobs the caller runs alone
+                                    * before it looks again */
     uint32_t calm;                 /* jobs with threads since the last stall (STALL_WINDOW at the start) */
+    uint64_t stalls, busy_stalls, solo_jobs, stall_ns;   /* counts and the time waited, for bench/ (kernels_pool_stats) */
     _Alignas(64) _Atomic int sleepers, stop;
     pthread_mutex_t mutex;
     pthread_cond_t wake;
@@ -647,10 +653,29 @@ static void *worker_main(void *arg) {
     }
 }
 
+/* The machine's runnable threads (running or waiting for a core) now: /proc/loadavg's fourth field
+ * "runnable/total"; -1 where it cannot be read. */
+static int runnable_threads(void) {
+    char buf[128];
+    const int fd = open("/proc/loadavg", O_RDONLY);
+    if (fd < 0) return -1;
+    const ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    const char *q = buf;
+    for (int field = 0; field < 3 && q; field++) q = strchr(q + 1, ' ');   /* past the three averages */
+    return q ? atoi(q + 1) : -1;
+}
+
 /* Runs fn(ctx, piece) for piece = 0 .. pieces-1 on the pool's threads; returns when all are done. */
 static void pool_run(Pool *p, PieceFn fn, void *ctx, int pieces) {
+    if (p->solo_left && pieces > 1 && --p->solo_left == 0) {   /* alone for a while: free cores now? */
+        const int r = runnable_threads();   /* our sleeping workers are not counted, the caller is */
+        p->solo_left = r >= 0 && r - 1 + p->threads > p->cpus ? SOLO_CHECK : 0;
+    }
     if (p->threads == 1 || pieces == 1 || p->solo_left) {
-        p->solo_left -= p->solo_left > 0 && pieces > 1;
+        p->solo_jobs += p->solo_left > 0 && pieces > 1;
         for (int i = 0; i < pieces; i++) fn(ctx, i);
         return;
     }
@@ -667,7 +692,6 @@ static void pool_run(Pool *p, PieceFn fn, void *ctx, int pieces) {
     uint64_t piece_ns;
     run_pieces(p, job, &piece_ns);
     p->calm += p->calm < UINT32_MAX;
-    if (p->calm > 4 * SOLO_JOBS) p->solo_jobs = 0;   /* a long calm: the next stall starts over */
     if (atomic_load(&p->done) == (uint32_t)pieces) return;
     const uint64_t t1 = now_ns();
     for (int spins = 0; atomic_load(&p->done) < (uint32_t)pieces;)
@@ -675,9 +699,12 @@ static void pool_run(Pool *p, PieceFn fn, void *ctx, int pieces) {
         else sched_yield();            /* a piece's thread was descheduled: let it run */
     const uint64_t waited = now_ns() - t1;
     if (waited >= STALL_NS && (piece_ns == UINT64_MAX || waited >= 2 * piece_ns)) {   /* a stall */
-        if (p->calm < STALL_WINDOW) {   /* the second one close together: alone for a while (same results) */
-            p->solo_jobs = p->solo_jobs ? (p->solo_jobs < SOLO_JOBS_MAX ? 2 * p->solo_jobs : SOLO_JOBS_MAX) : SOLO_JOBS;
-            p->solo_left = p->solo_jobs;
+        const int r = runnable_threads();
+        p->stalls++;
+        p->stall_ns += waited;
+        if (r >= 0 ? r > p->cpus : p->calm < STALL_WINDOW) {   /* other programs want the cores */
+            p->busy_stalls++;
+            p->solo_left = r >= 0 ? SOLO_CHECK : SOLO_JOBS;   /* alone for a while (same results) */
         }
         p->calm = 0;
     }
@@ -698,6 +725,8 @@ static int pool_start(Pool *p, int threads) {
     memset(p, 0, sizeof *p);
     p->threads = 1;
     p->calm = STALL_WINDOW;
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    p->cpus = cpus > 0 ? (int)cpus : 1;
     if (pthread_mutex_init(&p->mutex, NULL) || pthread_cond_init(&p->wake, NULL)) return -1;
     if (threads > 1 && !(p->workers = calloc((size_t)threads - 1, sizeof(pthread_t)))) return -1;
     for (int i = 0; i < threads - 1; i++, p->threads++)
@@ -744,6 +773,14 @@ void kernels_free(Kernels *k) {
 }
 
 int kernels_threads(const Kernels *k) { return k->pool.threads; }
+
+void kernels_pool_stats(const Kernels *k, uint64_t *stalls, uint64_t *busy_stalls, uint64_t *solo_jobs, uint64_t *jobs, uint64_t *stall_ns) {
+    *stall_ns = k->pool.stall_ns;
+    *stalls = k->pool.stalls;
+    *busy_stalls = k->pool.busy_stalls;
+    *solo_jobs = k->pool.solo_jobs;
+    *jobs = k->pool.job + k->pool.solo_jobs;
+}
 
 /* ---------------------------------------------------------------------------------------------
  * 5. matmul
@@ -996,6 +1033,60 @@ void *copy_to_huge_pages(void *map, size_t size, size_t *alloc_size) {
     }
     *alloc_size = sz;
     return anon;
+}
+
+/* The file mapped read-only at a 2 MB boundary and marked MADV_HUGEPAGE: where the kernel keeps a
+ * file's page cache in 2 MB pieces (large folios: ext4 and xfs on Linux 6.x), each piece then maps
+ * whole, one TLB entry, and pages read through this mapping come in as 2 MB pieces. MAP_FAILED if
+ * the file cannot be mapped. */
+void *map_file_huge(int fd, size_t size) {
+    const size_t huge = (size_t)1 << 21;
+    char *area = mmap(NULL, size + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);   /* room to align */
+    if (area == MAP_FAILED) return mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    char *at = (char *)(((uintptr_t)area + huge - 1) & ~(uintptr_t)(huge - 1));
+    void *map = mmap(at, size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+    if (map == MAP_FAILED) { munmap(area, size + huge); return map; }
+    if (at > area) munmap(area, (size_t)(at - area));   /* the room left before and after */
+    const size_t end = ((size_t)(at - area) + size + 4095) / 4096 * 4096;
+    if (end < size + huge) munmap(area + end, size + huge - end);
+#ifdef MADV_HUGEPAGE
+    madvise(map, size, MADV_HUGEPAGE);
+#endif
+    return map;
+}
+
+/* Reads [p, p + size) of a mapping into memory now (MADV_POPULATE_READ, Linux 5.14): 0, or -1 where
+ * the kernel cannot (nothing is read then). */
+int populate_mapping(void *p, size_t size) {
+#ifdef MADV_POPULATE_READ
+    return madvise(p, size, MADV_POPULATE_READ);
+#else
+    (void)p, (void)size;
+    return -1;
+#endif
+}
+
+/* Of the mapping that holds p (/proc/self/smaps): resident bytes, bytes in 2 MB pages (AnonHugePages +
+ * FilePmdMapped), and whether it maps a file. 0, or -1 where this cannot be read. */
+int mapping_pages(const void *p, uint64_t *resident, uint64_t *huge, int *file) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0, found = 0;
+    *resident = *huge = 0;
+    *file = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi, kb, inode;
+        char perms[8];
+        if (sscanf(line, "%llx-%llx %7s %*s %*s %llu", &lo, &hi, perms, &inode) == 4) {   /* a mapping's first line */
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            if (in) found = 1, *file = inode != 0;
+        } else if (in && sscanf(line, "Rss: %llu kB", &kb) == 1) *resident = kb * 1024;
+        else if (in && (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1 || sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1))
+            *huge += kb * 1024;
+    }
+    fclose(f);
+    return found ? 0 : -1;
 }
 
 /* In builds with the AVX-512 VNNI kernel, an int8 matrix's rows go in groups of RI =

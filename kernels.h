@@ -18,6 +18,10 @@ Kernels *kernels_new(int threads, int max_cols, int max_tokens);
 int zaya_default_threads(void);
 void kernels_free(Kernels *k);
 int kernels_threads(const Kernels *k);
+/* The pool's counts since kernels_new: stalls (a wait for a descheduled thread's piece), those
+ * when other programs wanted the cores, jobs the caller then ran alone, all parallel jobs, and the
+ * nanoseconds the stalls waited. */
+void kernels_pool_stats(const Kernels *k, uint64_t *stalls, uint64_t *busy_stalls, uint64_t *solo_jobs, uint64_t *jobs, uint64_t *stall_ns);
 
 /* Y[t][o] = W[o] . X[t] for tokens t < n (X's rows xs floats apart, Y's ys apart; n <= max_tokens,
  * W->cols <= max_cols). int8 weights meet the activations quantized to int16 per group. */
@@ -71,6 +75,14 @@ void softmax(float *x, int n);
 /* The blob mapped into memory that may use 2 MB transparent huge pages: a private copy of `size`
  * bytes of map (each piece dropped from map once copied). NULL when out of memory. */
 void *copy_to_huge_pages(void *map, size_t size, size_t *alloc_size);
+/* The file mapped read-only at a 2 MB boundary with MADV_HUGEPAGE (the page cache's 2 MB pieces
+ * map whole); MAP_FAILED if it cannot be mapped. */
+void *map_file_huge(int fd, size_t size);
+/* Reads a mapping's pages in now (MADV_POPULATE_READ); -1 where the kernel cannot. */
+int populate_mapping(void *p, size_t size);
+/* Of the mapping that holds p: resident bytes, bytes in 2 MB pages, whether it maps a file
+ * (/proc/self/smaps); -1 where unknown. */
+int mapping_pages(const void *p, uint64_t *resident, uint64_t *huge, int *file);
 /* In such a copy, lays out an int8 matrix's rows the way the fast kernel reads them fastest (where
  * it has such a layout; sets w->interleaved_rows). slice: rows per expert of a stacked matrix.
  * Returns -1 when out of memory. */

@@ -10,7 +10,7 @@
 #include "zaya.h"
 #include "tokenizer.h"
 #include "trace.h"
-#include "kernels.h"   /* softmax (the sampler) */
+#include "kernels.h"   /* softmax (the sampler), the pool's counts */
 #include "dump.h"
 #include "replay.h"
 #include "kld.h"
@@ -125,7 +125,9 @@ static void usage(FILE *f) {
           "  --threads N        threads (default: the cores this process may use; results are identical for any number)\n"
           "  --batch N          prompt tokens per batch, 1..256 (default 256; results are identical)\n"
           "  --verify           check every tensor's CRC-32 at load\n"
-          "  --hugepages        copy the weights into huge-page memory at load: slower start, faster decode\n"
+          "  --hugepages        copy the weights into huge-page memory at load (the default reads a blob that\n"
+          "                     fits in RAM in at load, in 2 MB pages where the kernel can: as fast, no copy)\n"
+          "  --mmap             leave the weights in the file, read as they are first used (no read-in at load)\n"
           "Inspection:\n"
           "  --dump DIR         write every intermediate tensor (HF module paths) as .npy + index.json,\n"
           "                     streamed as the model runs (index.json last: it marks the dump complete)\n"
@@ -209,7 +211,7 @@ static float parse_float(const char *flag, const char *v, float lo, float hi) {
 typedef struct {
     const char *model_path, *prompt, *ids, *dump_dir, *dump_filter, *replay_dir, *system_prompt, *decode_ids, *mode;
     const char *kld_base, *corpus;
-    int steps, steps_given, print_ids, skip_expert, precision, ctx, threads, batch, verify, hugepages, list_taps, encode, no_think;
+    int steps, steps_given, print_ids, skip_expert, precision, ctx, threads, batch, verify, hugepages, mmap, list_taps, encode, no_think;
     int chunks;
     int trace_pos, trace_layer;
     float temperature, topp;
@@ -229,7 +231,7 @@ static Options parse_args(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
-        int flag_only = !strcmp(a, "--print-ids") || !strcmp(a, "--verify") || !strcmp(a, "--hugepages") || !strcmp(a, "--list-taps") ||
+        int flag_only = !strcmp(a, "--print-ids") || !strcmp(a, "--verify") || !strcmp(a, "--hugepages") || !strcmp(a, "--mmap") || !strcmp(a, "--list-taps") ||
                         !strcmp(a, "--encode") || !strcmp(a, "--no-think");
         if (a[0] != '-' || !a[1]) {
             if (o.model_path) die("unexpected argument \"%s\"\n  hint: options start with '-'; see zaya -h", a);
@@ -240,6 +242,7 @@ static Options parse_args(int argc, char **argv) {
             if (!strcmp(a, "--print-ids")) o.print_ids = 1;
             else if (!strcmp(a, "--verify")) o.verify = 1;
             else if (!strcmp(a, "--hugepages")) o.hugepages = 1;
+            else if (!strcmp(a, "--mmap")) o.mmap = 1;
             else if (!strcmp(a, "--list-taps")) o.list_taps = 1;
             else if (!strcmp(a, "--encode")) o.encode = 1;
             else o.no_think = 1;
@@ -537,6 +540,12 @@ static void report_speed(const Runner *r, double load_s) {
     if (r->decode_n)
         fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s)\n", r->decode_n, r->decode_s,
                 r->decode_n / (r->decode_s > 0 ? r->decode_s : 1e-9));
+    if (kernels_threads(r->s->kernels) > 1) {   /* whether the threads ran: a descheduled one is a stall */
+        uint64_t stalls, busy, solo, jobs, wait_ns;
+        kernels_pool_stats(r->s->kernels, &stalls, &busy, &solo, &jobs, &wait_ns);
+        fprintf(stderr, "pool: %llu stalls (%llu with other programs busy; %.1f ms waited), %llu of %llu parallel jobs run alone\n",
+                (unsigned long long)stalls, (unsigned long long)busy, wait_ns / 1e6, (unsigned long long)solo, (unsigned long long)jobs);
+    }
 }
 
 static void list_taps(const ZayaModel *m, ZayaState *s) {
@@ -597,9 +606,17 @@ int main(int argc, char **argv) {
     char err[1024];
     double t0 = now_s();
     ZayaModel m;
-    if (zaya_load(&m, o.model_path, (o.verify ? ZAYA_LOAD_VERIFY : 0) | (o.hugepages ? ZAYA_LOAD_HUGEPAGES : 0), err, sizeof err) != 0) die("%s", err);
+    if (o.hugepages && o.mmap) die("--hugepages and --mmap exclude each other\n  hint: --hugepages copies the weights at load, --mmap reads them from the file as they are used");
+    const int tokenizer_only = o.encode || o.decode_ids;   /* no weight is read: nothing to read in */
+    if (zaya_load(&m, o.model_path, (o.verify ? ZAYA_LOAD_VERIFY : 0) | (o.hugepages ? ZAYA_LOAD_HUGEPAGES : 0) |
+                  (o.mmap || tokenizer_only ? ZAYA_LOAD_MMAP : 0), err, sizeof err) != 0) die("%s", err);
     double load_s = now_s() - t0;
     const ZayaConfig *c = &m.config;
+    uint64_t resident, huge;
+    int file;
+    if (!tokenizer_only && mapping_pages(m.map, &resident, &huge, &file) == 0)   /* where the weights are: a TLB entry per 2 MB or per 4 KB */
+        fprintf(stderr, "weights: %.2f GB, %s, %.2f GB resident, %.2f GB in 2 MB pages\n", m.map_size / 1e9,
+                file ? "the file mapped in place" : "copied into anonymous memory", resident / 1e9, huge / 1e9);
 
     if (o.encode) {
         run_encode(need_tokenizer(&m, "--encode"));

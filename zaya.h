@@ -117,9 +117,10 @@ typedef struct {
  * the tokenizer section. flags: ZAYA_LOAD_VERIFY also checks every tensor's CRC-32 (reads the whole
  * file); ZAYA_LOAD_HUGEPAGES copies the file into transparent-huge-page memory instead of using the
  * mmap in place (faster decode, slower load) and, with the AVX-512 VNNI kernels, interleaves the
- * int8 matrices' rows there (ZayaMatrix.interleaved_rows; same results). Returns 0, or -1 with a
- * message in err. */
-enum { ZAYA_LOAD_VERIFY = 1, ZAYA_LOAD_HUGEPAGES = 2 };
+ * int8 matrices' rows there (ZayaMatrix.interleaved_rows; same results). Without it, a blob that fits
+ * in RAM is read in at load, in 2 MB pages where the kernel can (blob.c); ZAYA_LOAD_MMAP leaves the
+ * pages to be read as they are first used. Returns 0, or -1 with a message in err. */
+enum { ZAYA_LOAD_VERIFY = 1, ZAYA_LOAD_HUGEPAGES = 2, ZAYA_LOAD_MMAP = 4 };
 int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errlen);
 void zaya_free(ZayaModel *m);
 

@@ -144,7 +144,7 @@ bw_now() {   # read bandwidth at $1 threads now: best of 3 passes over a 2 GiB b
 # the paired measurement (decode steps alternating with plain reads of the same weight bytes)
 DVR_BIN="$REPO/build/decode_vs_read"
 make -s -C "$REPO" CC="$CC" build/decode_vs_read >&2 || die "cannot build bench/decode_vs_read.c (make build/decode_vs_read)"
-case " ${ZAYA_FLAGS---hugepages} " in *" --hugepages "*) DVR_FLAGS="" ;; *) DVR_FLAGS="--no-hugepages" ;; esac
+case " ${ZAYA_FLAGS-} " in *" --hugepages "*) DVR_FLAGS="--hugepages" ;; *) DVR_FLAGS="" ;; esac
 
 # ---------------------------------------------------------------- --contention
 # one run: prints "prefill_tok/s decode_tok/s" of `ZAYA BLOB` at $2 threads; $3 = busy: with a competitor
@@ -152,7 +152,7 @@ one_run() {
     local blob="$1" t="$2" busy="$3" err="$OUT/contention-run.err" hog="" P D
     if [ "$busy" = busy ]; then sh -c 'while :; do :; done' & hog=$!; sleep 0.2; fi
     # shellcheck disable=SC2086   # ZAYA_FLAGS is a list of flags
-    "$ZAYA" "$blob" --ids "$IDS" -n "$NGEN" -t 0 --threads "$t" --print-ids ${ZAYA_FLAGS---hugepages} >/dev/null 2>"$err" \
+    "$ZAYA" "$blob" --ids "$IDS" -n "$NGEN" -t 0 --threads "$t" --print-ids ${ZAYA_FLAGS-} >/dev/null 2>"$err" \
         || { [ -z "$hog" ] || kill "$hog"; tail -5 "$err" >&2; die "$ZAYA failed ($err)"; }
     [ -z "$hog" ] || { kill "$hog"; wait "$hog" 2>/dev/null || true; }
     P="$(sed -n 's/^prefill: [0-9]* tokens in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' "$err" | tail -1)"
@@ -251,7 +251,7 @@ for DT in $DTYPES; do
             ERR="$OUT/run-$DT-t$t-$r.err"
             # shellcheck disable=SC2086   # ZAYA_FLAGS is a list of flags
             if ! /usr/bin/time -v -o "$OUT/run-$DT-t$t-$r.time" "$ZAYA" "$BLOB" --ids "$IDS" -n "$NGEN" -t 0 \
-                    --threads "$t" --print-ids ${ZAYA_FLAGS---hugepages} >"$OUT/run-$DT-t$t-$r.out" 2>"$ERR"; then
+                    --threads "$t" --print-ids ${ZAYA_FLAGS-} >"$OUT/run-$DT-t$t-$r.out" 2>"$ERR"; then
                 tail -5 "$ERR" >&2; die "$ZAYA failed ($ERR)"
             fi
             L="$(sed -n 's/^load: \([0-9.]*\) s.*/\1/p' "$ERR" | tail -1)"

@@ -2,7 +2,7 @@
  *
  * Build: make build/decode_vs_read (bench.sh and make test do this)
  * Run:
- *   build/decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--no-hugepages] [--profile]
+ *   build/decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--hugepages] [--profile]
  *
  * The ceiling of a weight-streaming decoder is (read bandwidth) / (bytes one step reads). On a shared
  * host the bandwidth moves by tens of percent within seconds, so a figure measured before or after a
@@ -34,6 +34,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "zaya.h"
+#include "kernels.h"   /* the pool's counts */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -239,7 +240,7 @@ static void profile(const ZayaModel *m, ZayaState *s, int steps) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--no-hugepages] [--profile]\n");
+    fprintf(stderr, "usage: decode_vs_read MODEL.bin [--ids 2,818,...] [-n 64] [--threads N] [--hugepages] [--profile]\n");
     exit(2);
 }
 
@@ -261,13 +262,14 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv);   /* returns only on failure: then run as we are */
     }
     const char *path = NULL, *id_list = NULL;
-    int steps = 64, threads = 0, huge = 1, want_profile = 0;
+    int steps = 64, threads = 0, huge = 0, want_profile = 0;   /* huge: --hugepages' copy, else ./zaya's default load */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-n") && i + 1 < argc) steps = (int)arg_long(a, argv[++i], 1, 100000);
         else if (!strcmp(a, "--ids") && i + 1 < argc) id_list = argv[++i];
         else if (!strcmp(a, "--threads") && i + 1 < argc) threads = (int)arg_long(a, argv[++i], 1, 1024);
-        else if (!strcmp(a, "--no-hugepages")) huge = 0;
+        else if (!strcmp(a, "--hugepages")) huge = 1;
+        else if (!strcmp(a, "--no-hugepages")) huge = 0;   /* the default (older scripts pass it) */
         else if (!strcmp(a, "--profile")) want_profile = 1;
         else if (a[0] != '-' && !path) path = a;
         else usage();
@@ -321,6 +323,10 @@ int main(int argc, char **argv) {
            "ceiling_tok/s=%.2f ratio=%.3f ratio_median=%.3f ratio_min=%.3f ratio_max=%.3f\n",
            threads, steps, rs.bytes, tok_s, gbs, gbs * 1e9 / rs.bytes, t_read / t_decode,
            ratio[steps / 2], ratio[0], ratio[steps - 1]);
+    uint64_t stalls, busy, solo, jobs, wait_ns;   /* whether the engine's threads ran (kernels_pool_stats) */
+    kernels_pool_stats(s.kernels, &stalls, &busy, &solo, &jobs, &wait_ns);
+    fprintf(stderr, "pool: %llu stalls (%llu with other programs busy; %.1f ms waited), %llu of %llu parallel jobs run alone\n",
+            (unsigned long long)stalls, (unsigned long long)busy, wait_ns / 1e6, (unsigned long long)solo, (unsigned long long)jobs);
     if (want_profile) profile(&m, &s, steps);
     free(ratio);
     free(ids);

@@ -181,6 +181,7 @@ with open(huge, "wb") as f:
 zaya_fails("--hugepages with a blob larger than the available RAM", [huge, "--hugepages", "--ids", "2"],
            ["too big for --hugepages", "MemAvailable", "expected", "found", "1099.51 GB", "without --hugepages"])
 os.remove(huge)
+zaya_fails("--hugepages with --mmap", [work, "--hugepages", "--mmap", "--ids", "2"], ["exclude each other", "hint"])
 zaya_fails("safetensors file instead of a blob", [os.path.join(CKPT, "model.safetensors"), "--ids", "2"],
            ["not a zaya.c model", "magic", "ZAYABLOB", "export_weights.py"])
 text = os.path.join(BAD, "text.bin")

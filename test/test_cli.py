@@ -15,6 +15,7 @@
 import base64
 import json
 import os
+import re
 import struct
 
 from harness import BUILD, FIXTURES, check, finish, need_fixtures, prompt_ids, run
@@ -54,6 +55,23 @@ rc1, out1, err1 = run(args)
 rc2, out2, _ = run(args)
 check(rc1 == 0 and out1 == out2 and len(out1.strip()) > 0, "generation from text is reproducible with -s", err1[-200:])
 check("prefill:" in err1 and "decode:" in err1 and "tok/s" in err1, "prefill and decode speed reported on stderr", err1[-200:])
+
+# where the weights are (the weights: line): by default a blob that fits in RAM is read in at load and
+# stays the file's mapping; --mmap leaves it mapped as it is; --hugepages copies it; the same logits
+weights_re = re.compile(r"^weights: ([\d.]+) GB, (the file mapped in place|copied into anonymous memory), ([\d.]+) GB resident, ([\d.]+) GB in 2 MB pages$", re.M)
+logits = {}
+for label, flags, where in (("default", [], "the file mapped in place"), ("--mmap", ["--mmap"], "the file mapped in place"),
+                            ("--hugepages", ["--hugepages"], "copied into anonymous memory")):
+    d = os.path.join(BUILD, "cli_weights_" + label.strip("-"))
+    rc, _, err = run(["./zaya", blob, "--ids", "2,818,300", "-n", "0", "--dump", d, "--dump-filter", "^logits$", *flags])
+    m = weights_re.search(err)
+    check(rc == 0 and m is not None and m.group(2) == where, f"{label}: stderr says where the weights are ({where})", err[-300:])
+    if label == "default" and m:
+        check(float(m.group(3)) >= float(m.group(1)) - 0.01, "default: the whole blob is resident after the load (read in)", m.group(0))
+    if rc == 0:
+        with open(os.path.join(d, "logits.npy"), "rb") as f:
+            logits[label] = f.read()
+check(len(logits) == 3 and len(set(logits.values())) == 1, "default, --mmap and --hugepages give the same logits bit for bit", str(list(logits)))
 
 # the sampler's id limit: a copy of the blob whose embedding rows past the tokenizer (262147..262271, the LM
 # head's padding rows) are 100 x the row of the id greedy picks first, so without the limit those rows win

@@ -110,7 +110,8 @@ def interleaved_rows_case():
         if not check(rc == 0, f"export it (int8, group size {group})", err[-400:]):
             continue
         dumps = {}
-        for label, cmd in (("rows alone", ["./zaya"]), ("interleaved", ["./zaya", "--hugepages"]),
+        for label, cmd in (("rows alone", ["./zaya", "--mmap"]), ("read in at load", ["./zaya"]),
+                           ("interleaved", ["./zaya", "--hugepages"]),
                            ("interleaved, 2 threads", ["./zaya", "--hugepages", "--threads", "2"]),
                            ("--hugepages, portable kernels", ["./zaya_debug", "--hugepages"])):
             d = os.path.join(BUILD, f"interleave_g{group}_{len(dumps)}")
