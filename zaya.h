@@ -28,7 +28,7 @@ enum { ZAYA_HYBRID = 0, ZAYA_HYBRID_SLIDING = 1 };
 /* Where forward() rounds (docs/bf16.md): float32 everywhere (the default, the official float32 run),
  * or where the official code loaded in bfloat16 holds a bf16 tensor (ZAYA_PRECISION_BF16: current
  * torch; ZAYA_PRECISION_BF16_TORCH113: torch 1.13, which made the fixtures: Python scalars rounded to
- * bf16 before they multiply a tensor, SiLU rounded at each of its steps). */
+ * bf16 before they multiply a tensor, SiLU rounded at each of its steps, qk-norm's norm summed in bf16). */
 enum { ZAYA_PRECISION_FP32 = 0, ZAYA_PRECISION_BF16 = 1, ZAYA_PRECISION_BF16_TORCH113 = 2 };
 
 /* Skip expert (router class num_experts): upstream transformers/vLLM give it a zero output;
