@@ -1298,9 +1298,24 @@ def envelope_report(e, verbose):
     return 0
 
 
+def guarded(work):
+    """(work(), None); or, on bad input (and input this tool did not anticipate), a message on stderr and
+    (None, 2): exit status 2, never a traceback."""
+    try:
+        return work(), None
+    except InputError as e:
+        print(f"compare.py: {e}", file=sys.stderr)
+    except MemoryError:
+        print("compare.py: out of memory while reading a tensor", file=sys.stderr)
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, ZeroDivisionError) as e:
+        print(f"compare.py: cannot compare these dumps ({type(e).__name__}: {e})\n  hint: check the index.json "
+              f"files against docs/compare.md", file=sys.stderr)
+    return None, 2
+
+
 def envelope_main(args):
     """compare.py PORT FP32 --envelope BF16 [--spread BF16_OTHER]: is the port's drift bf16 or a bug?"""
-    try:
+    def judge():
         dumps = [Dump(args.test_dir, "PORT"), Dump(args.ref_dir, "FP32"), Dump(args.envelope, "ENVELOPE")]
         if args.spread:
             dumps.append(Dump(args.spread, "SPREAD"))
@@ -1315,16 +1330,11 @@ def envelope_main(args):
                 d.tokens = toks[0][1]
         e = EnvelopeCheck(dumps[0], ref, dumps[2], dumps[3] if args.spread else None, args.near_tie)
         e.run()
-    except InputError as err:
-        print(f"compare.py: {err}", file=sys.stderr)
-        return 2
-    except MemoryError:
-        print("compare.py: out of memory while reading a tensor", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError, ZeroDivisionError) as err:
-        print(f"compare.py: cannot compare these dumps ({type(err).__name__}: {err})\n  hint: check the "
-              f"index.json files against docs/compare.md", file=sys.stderr)
-        return 2
+        return e
+
+    e, rc = guarded(judge)
+    if rc:
+        return rc
     rc = envelope_report(e, args.verbose)
     if args.json:
         try:
@@ -1526,28 +1536,22 @@ def main(argv=None):
     if args.spread and not args.envelope:
         print("compare.py: --spread needs --envelope", file=sys.stderr)
         return 2
+    if not (args.tol_scale > 0):
+        print("compare.py: --tol-scale must be > 0", file=sys.stderr)
+        return 2
     if args.local:
-        if not (args.tol_scale > 0):
-            print("compare.py: --tol-scale must be > 0", file=sys.stderr)
-            return 2
-        try:
-            return local_main(args)
-        except InputError as e:
-            print(f"compare.py: {e}", file=sys.stderr)
-            return 2
+        result, rc = guarded(lambda: local_main(args))
+        return rc or result
     if args.envelope:
         if args.tol_scale != 1.0 or args.weights or args.strict:
             print("compare.py: --tol-scale, --weights and --strict do not apply with --envelope (its limits are "
                   "measured, docs/compare.md §8)", file=sys.stderr)
             return 2
         return envelope_main(args)
-    if not (args.tol_scale > 0):
-        print("compare.py: --tol-scale must be > 0", file=sys.stderr)
-        return 2
     if not args.ref_dir:
         print("compare.py: give TEST_DIR and REF_DIR (or --local PORT_DUMP REPLAY_DUMP)", file=sys.stderr)
         return 2
-    try:
+    def compare_dumps():
         test = Dump(args.test_dir, "TEST")
         ref = Dump(args.ref_dir, "REF")
         if test.tokens is not None and ref.tokens is not None and test.tokens != ref.tokens:
@@ -1560,17 +1564,11 @@ def main(argv=None):
         mode = args.weights or ("int8" if "int8" in (str(test.weights), str(ref.weights)) else "fp32")
         c = Comparison(test, ref, mode, args.tol_scale, args.near_tie)
         c.run()
-    except InputError as e:
-        print(f"compare.py: {e}", file=sys.stderr)
-        return 2
-    except MemoryError:
-        print("compare.py: out of memory while reading a tensor", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
-        # malformed input this tool did not anticipate: still a message, not a traceback
-        print(f"compare.py: cannot compare these dumps ({type(e).__name__}: {e})\n  hint: check both index.json "
-              f"files against docs/compare.md", file=sys.stderr)
-        return 2
+        return test, ref, mode, c
+    result, rc = guarded(compare_dumps)
+    if rc:
+        return rc
+    test, ref, mode, c = result
     report(c, args.verbose)
     if args.json:
         try:
