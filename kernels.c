@@ -376,6 +376,47 @@ dot_float_n(float *out, const int nt, const void *wv, const int kind, const Quan
     }
 }
 
+#ifdef __AVX512F__
+/* Two rows of a float32 or bf16 matrix (rows_apart values apart) x nt <= PAIR_TOKENS tokens, for rows
+ * whose width is a multiple of 32: for each (row, token) the same two chains, the same operations in
+ * the same order as dot_float_n, so the same results; each weight load serves nt tokens and each
+ * activation load both rows (prefill is bound by its loads, not by its multiply-adds). */
+#define PAIR_TOKENS 6
+static inline __attribute__((always_inline)) void
+dot_float_pair_n(float *out0, float *out1, const int nt, const void *wv, size_t rows_apart, const int kind, const float *x,
+                 size_t x_stride, int n) {
+    __m512 a0[PAIR_TOKENS], b0[PAIR_TOKENS], a1[PAIR_TOKENS], b1[PAIR_TOKENS];
+    for (int t = 0; t < nt; t++) a0[t] = b0[t] = a1[t] = b1[t] = _mm512_setzero_ps();
+    const float *wf = wv;
+    const uint16_t *wb = wv;
+#define W512(r, i) (kind == ZAYA_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wb + (r) * rows_apart + (i)))), 16)) \
+                    : _mm512_loadu_ps(wf + (r) * rows_apart + (i)))
+    for (int i = 0; i < n; i += 2 * LANES) {
+        const __m512 w00 = W512(0, i), w01 = W512(0, i + LANES), w10 = W512(1, i), w11 = W512(1, i + LANES);
+        for (int t = 0; t < nt; t++) {
+            const __m512 x0 = _mm512_loadu_ps(x + t * x_stride + i), x1 = _mm512_loadu_ps(x + t * x_stride + i + LANES);
+            a0[t] = _mm512_fmadd_ps(w00, x0, a0[t]);
+            b0[t] = _mm512_fmadd_ps(w01, x1, b0[t]);
+            a1[t] = _mm512_fmadd_ps(w10, x0, a1[t]);
+            b1[t] = _mm512_fmadd_ps(w11, x1, b1[t]);
+        }
+    }
+#undef W512
+    for (int t = 0; t < nt; t++) {
+        out0[t] = sum_lanes_512(_mm512_add_ps(a0[t], b0[t]));
+        out1[t] = sum_lanes_512(_mm512_add_ps(a1[t], b1[t]));
+    }
+}
+static void dot_float_pair(float *out0, float *out1, int nt, const void *w, size_t rows_apart, int kind, const float *x,
+                           size_t x_stride, int n) {
+#define CASE(k, K) case k: dot_float_pair_n(out0, out1, k, w, rows_apart, K, x, x_stride, n); break;
+#define TOKENS(K) switch (nt) { CASE(1, K) CASE(2, K) CASE(3, K) CASE(4, K) CASE(5, K) default: CASE(6, K) }
+    if (kind == ZAYA_BF16) TOKENS(ZAYA_BF16) else TOKENS(ZAYA_F32)
+#undef TOKENS
+#undef CASE
+}
+#endif
+
 /* The int8 kernels' SIMD form: AVX-512 with VNNI (vpdpwssd) and VL. */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define Q8_VNNI 1
@@ -515,11 +556,31 @@ static void dot_float(float *out, int nt, const void *w, int kind, const QuantRo
 }
 
 /* Output rows [o0, o1) for n tokens: tokens DOT_TOKENS at a time against every row of the range, so
- * one group of tokens' activations stays in the L1 cache while it meets the rows. The tokens'
+ * one group of tokens' activations stays in the L1 cache while it meets the rows (float32 and bf16
+ * weights: PAIR_TOKENS at a time against pairs of rows). The tokens'
  * int16 form (int8 weights): rows xq_cols values apart. */
 static void matmul_rows(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n,
                         const int16_t *xq, const float *xqs, int xq_cols, int o0, int o1) {
     const int cols = w->cols, G = w->group_size;
+#ifdef __AVX512F__
+    if ((w->dtype == ZAYA_BF16 || w->dtype == ZAYA_F32) && n > 1 && cols % (2 * LANES) == 0) {   /* prefill: pairs of rows */
+        const size_t size = w->dtype == ZAYA_BF16 ? 2 : 4;
+        for (int t = 0; t < n; t += PAIR_TOKENS) {
+            const int nt = n - t < PAIR_TOKENS ? n - t : PAIR_TOKENS;
+            float r0[PAIR_TOKENS], r1[PAIR_TOKENS];
+            int o = o0;
+            for (; o + 2 <= o1; o += 2) {
+                dot_float_pair(r0, r1, nt, (const char *)w->data + (size_t)o * cols * size, (size_t)cols, w->dtype, x + (size_t)t * xs, (size_t)xs, cols);
+                for (int k = 0; k < nt; k++) y[(size_t)(t + k) * ys + o] = r0[k], y[(size_t)(t + k) * ys + o + 1] = r1[k];
+            }
+            if (o < o1) {
+                dot_float(r0, nt, (const char *)w->data + (size_t)o * cols * size, w->dtype, NULL, x + (size_t)t * xs, (size_t)xs, cols);
+                for (int k = 0; k < nt; k++) y[(size_t)(t + k) * ys + o] = r0[k];
+            }
+        }
+        return;
+    }
+#endif
     for (int t = 0; t < n; t += DOT_TOKENS) {
         const int nt = n - t < DOT_TOKENS ? n - t : DOT_TOKENS;
         float r[DOT_TOKENS];
