@@ -322,6 +322,10 @@ static inline __m512 mxfp4_weights_512(const uint8_t *q, const QuantRow *qr, int
  * FMA latency), the chains added lane by lane, then sum_lanes. Token t's result is the same operations
  * in the same order whatever nt and kind are; several tokens only share each weight load. */
 #define DOT_TOKENS 8
+/* One token against bf16 rows: the loop reads 64 weight bytes per two multiply-adds, too few for the
+ * hardware to keep enough of the stream in flight; a software prefetch this many bytes ahead (into
+ * the next row at a row's end) does (bench/README.md). */
+#define BF16_PREFETCH 2048
 static inline __attribute__((always_inline)) void
 dot_float_n(float *out, const int nt, const void *wv, const int kind, const QuantRow *qr, const float *x, size_t x_stride, int n) {
     float acc[DOT_TOKENS][LANES];
@@ -341,6 +345,7 @@ dot_float_n(float *out, const int nt, const void *wv, const int kind, const Quan
             const __m512 table = mxfp4_table(qr, i);
             w0 = mxfp4_16(wq, i, table), w1 = mxfp4_16(wq, i + LANES, table);
         } else w0 = W512(i), w1 = W512(i + LANES);
+        if (kind == ZAYA_BF16 && nt == 1) _mm_prefetch((const char *)(wb + i) + BF16_PREFETCH, _MM_HINT_T0);   /* decode */
         for (int t = 0; t < nt; t++) {
             a[t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * x_stride + i), a[t]);
             b[t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + t * x_stride + i + LANES), b[t]);
