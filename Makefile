@@ -49,7 +49,12 @@ build/decode_vs_read: bench/decode_vs_read.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) -fopenmp $(WARN) -I. -o $@ bench/decode_vs_read.c $(LIB) $(LIBS)
 
-test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/test_decode build/test_bf16_steps
+# bench/matmul_rate.c: one product's speed on one thread against a read of its weight bytes
+build/matmul_rate: bench/matmul_rate.c bench/read_sum.h $(LIB) $(HDR)
+	mkdir -p build
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ bench/matmul_rate.c $(LIB) $(LIBS)
+
+test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 
 # the main job on real input: export a hub-format checkpoint (default: the repository's compact fixture,

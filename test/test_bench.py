@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""test_bench.py - bench/decode_vs_read.c on small blobs (its speed numbers are not checked here).
+"""test_bench.py - bench/decode_vs_read.c on small blobs, bench/matmul_rate.c on small shapes (their speed
+numbers are not checked here).
 (Blobs: the compact fixture in fp32 / bf16 / int8, odd dimensions in int8, native MXFP4 and FP8
 experts with int8 elsewhere.)
 
@@ -48,6 +49,35 @@ def paired(label, blob, threads, steps=3):
     ok = all(float(m.group(i)) > 0 for i in range(4, 7)) and all(float(m.group(i)) >= 0 for i in range(7, 11)) \
         and float(m.group(9)) <= float(m.group(8)) <= float(m.group(10)) and float(m.group(10)) > 0
     check(ok, f"{label}: speeds positive, ratios >= 0 (the largest > 0), min <= median <= max", out.strip())
+
+
+RATE = os.path.join(ROOT, "build", "matmul_rate")
+RATE_LINE = re.compile(r"^matmul_rate dtype=(\w+) rows=(\d+) cols=(\d+) tokens=(\d+) rounds=(\d+) GMAC/s=([0-9.]+) "
+                       r"\(([0-9.]+)-([0-9.]+)\) product_GB/s=([0-9.]+) read_GB/s=([0-9.]+) ratio=([0-9.]+)$")
+
+
+def matmul_rate():
+    """bench/matmul_rate.c: its line for each dtype, one token and several (odd rows: the pair kernel's last
+    row alone), and its argument errors (exit 2, what was wrong and what was found)."""
+    if not check(os.path.exists(RATE), "build/matmul_rate exists", "run: make test (it builds it)"):
+        return
+    for args in (["bf16", "33", "320", "9"], ["f32", "17", "96", "1"], ["int8", "64", "128", "3"]):
+        rc, out, err = run([RATE] + args + ["--rounds", "3"])
+        m = RATE_LINE.match(out.strip())
+        ok = rc == 0 and m is not None and list(m.group(1, 2, 3, 4, 5)) == args + ["3"] \
+            and float(m.group(7)) <= float(m.group(6)) <= float(m.group(8)) and float(m.group(6)) > 0
+        check(ok, f"matmul_rate {' '.join(args)}: one line, the shape as asked, min <= median <= max",
+              f"exit {rc}, stdout {out.strip()[:300]!r}, stderr {err.strip()[-300:]!r}")
+    for args, what in ((["f16", "8", "64", "1"], "the dtype must be f32, bf16 or int8"),
+                       (["bf16", "8", "0", "1"], "COLS must be a whole number"),
+                       (["int8", "8", "65", "1"], "a multiple of 64"),
+                       (["bf16", "8", "64", "1", "--round", "2"], "unknown option"), ([], "usage")):
+        rc, out, err = run([RATE] + args)
+        check(rc == 2 and what in err and "usage" in err, f"matmul_rate {' '.join(args) or '(no arguments)'}: exit 2, says {what!r}",
+              f"exit {rc}, {err.strip()[:300]!r}")
+    rc, out, err = run([RATE, "bf16", "100000", "100000", "1"])
+    check(rc == 1 and "20.0 GB" in err and "hint" in err, "matmul_rate: a 20 GB matrix refused before allocating, exit 1",
+          f"exit {rc}, {err.strip()[:300]!r}")
 
 
 SEGMENT = re.compile(r"^ *([0-9.]+) ms +([0-9.]+) %  (.+) -> (.+)$")
@@ -130,6 +160,7 @@ def main():
               "bench.sh --contention: a row per thread count and condition (1 round, 1 token, compact fixture)",
               f"exit {rc}, {len(rows)} rows; {out[-600:]!r} {err[-600:]!r}")
 
+    matmul_rate()
     rc, out, err = run([EXE])
     check(rc == 2 and "usage" in err, "no arguments: usage, exit 2", f"exit {rc}, {err.strip()[:200]!r}")
     rc, out, err = run([EXE, os.path.join(BUILD, "bench_fixture_int8.bin"), "-n", "zero"])
