@@ -384,8 +384,9 @@ dot_float_n(float *out, const int nt, const void *wv, const int kind, const Quan
 #ifdef __AVX512F__
 /* Two rows of a float32 or bf16 matrix (rows_apart values apart) x nt <= PAIR_TOKENS tokens, for rows
  * whose width is a multiple of 32: for each (row, token) the same two chains, the same operations in
- * the same order as dot_float_n, so the same results; each weight load serves nt tokens and each
- * activation load both rows (prefill is bound by its loads, not by its multiply-adds). */
+ * the same order as dot_float_n, so the same results. Each weight load serves nt tokens and each
+ * activation load both rows: one row at a time, prefill waited on its activation loads; two rows at a
+ * time it runs near the core's multiply-add peak (bench/README.md). */
 #define PAIR_TOKENS 6
 static inline __attribute__((always_inline)) void
 dot_float_pair_n(float *out0, float *out1, const int nt, const void *wv, size_t rows_apart, const int kind, const float *x,
