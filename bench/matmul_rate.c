@@ -81,17 +81,19 @@ int main(int argc, char **argv) {
 
     const size_t n = (size_t)rows * (size_t)cols, elem = dtype == ZAYA_F32 ? 4 : dtype == ZAYA_BF16 ? 2 : 1;
     const size_t bytes = n * elem, huge = (size_t)1 << 21, alloc = (bytes + huge - 1) / huge * huge;
+    const double acts = (double)tokens * (double)(rows + cols) * sizeof(float);   /* x and y */
+    if (bytes > ((size_t)16 << 30) || acts > 16e9) {
+        fprintf(stderr, "matmul_rate: a %ld x %ld %s matrix and %ld tokens need %.1f GB of weights and %.1f GB of activations\n"
+                        "  expected: at most 16 GB of each\n  hint: a matrix of 64 MB or more already measures the product from memory\n",
+                rows, cols, argv[1], tokens, bytes / 1e9, acts / 1e9);
+        return 1;
+    }
     unsigned char *w = aligned_alloc(huge, alloc);
     float *scales = dtype == ZAYA_Q8 ? malloc(n / 64 * sizeof(float)) : NULL;
     float *x = calloc_lines((size_t)tokens * (size_t)cols, sizeof(float)), *y = calloc_lines((size_t)tokens * (size_t)rows, sizeof(float));
     double *rate = malloc((size_t)rounds * sizeof(double)), *product = malloc((size_t)rounds * sizeof(double)),
            *read = malloc((size_t)rounds * sizeof(double)), *ratio = malloc((size_t)rounds * sizeof(double));
     Kernels *k = kernels_new(1, (int)cols, (int)tokens);
-    if (bytes > ((size_t)16 << 30)) {
-        fprintf(stderr, "matmul_rate: a %ld x %ld %s matrix is %.1f GB\n  expected: at most 16 GB of weights\n  hint: a matrix of 64 MB or more already measures the product from memory\n",
-                rows, cols, argv[1], bytes / 1e9);
-        return 1;
-    }
     if (!w || (dtype == ZAYA_Q8 && !scales) || !x || !y || !rate || !product || !read || !ratio || !k) {
         fprintf(stderr, "matmul_rate: out of memory for a %ld x %ld %s matrix and %ld tokens (%.2f GB of weights)\n",
                 rows, cols, argv[1], tokens, bytes / 1e9);

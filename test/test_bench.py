@@ -75,9 +75,11 @@ def matmul_rate():
         rc, out, err = run([RATE] + args)
         check(rc == 2 and what in err and "usage" in err, f"matmul_rate {' '.join(args) or '(no arguments)'}: exit 2, says {what!r}",
               f"exit {rc}, {err.strip()[:300]!r}")
-    rc, out, err = run([RATE, "bf16", "100000", "100000", "1"])
-    check(rc == 1 and "20.0 GB" in err and "hint" in err, "matmul_rate: a 20 GB matrix refused before allocating, exit 1",
-          f"exit {rc}, {err.strip()[:300]!r}")
+    for args, what in ((["bf16", "100000", "100000", "1"], "20.0 GB of weights"),
+                       (["bf16", "8", "64", "1073741824"], "309.2 GB of activations")):
+        rc, out, err = run([RATE] + args)
+        check(rc == 1 and what in err and "hint" in err, f"matmul_rate {' '.join(args)}: {what} refused before allocating, exit 1",
+              f"exit {rc}, {err.strip()[:300]!r}")
 
 
 SEGMENT = re.compile(r"^ *([0-9.]+) ms +([0-9.]+) %  (.+) -> (.+)$")
