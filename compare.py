@@ -5,6 +5,8 @@
                        [--strict] [--verbose] [--json OUT]
     python3 compare.py PORT_DIR FP32_DIR --envelope BF16_DIR [--spread BF16_DIR2] [--near-tie M] [--verbose]
                        [--json OUT]           (is it bf16 or a bug? see "Precision envelope" below)
+    python3 compare.py --local PORT_DIR REPLAY_DIR | --local PORT_DIR --model MODEL.bin [--bf16]
+                       [--reference REF_DIR] [--replay-out PREFIX]   (which layer introduces the error)
 
 A dump is a folder with index.json and one NumPy .npy file per tensor (docs/compare.md), or one
 .safetensors file holding the same tensors with index.json's fields in its __metadata__
@@ -1185,9 +1187,9 @@ class EnvelopeCheck:
             return
         name = next(n for n in self.ref.order if n == "logits" or TOPK_RE.match(n))
         name = "logits" if name == "logits" else re.sub(r"_ids$", "_values", name)
-        self.judge(exec_idx, name, "logits", LOGITS_ATOL, env_logits_dists(port_rows, ref_rows), dists,
-                   None, {})
-        self.results[-1].update(port_max_abs=max(env_logits_dists(port_rows, ref_rows)),
+        port_dists = env_logits_dists(port_rows, ref_rows)
+        self.judge(exec_idx, name, "logits", LOGITS_ATOL, port_dists, dists, None, {})
+        self.results[-1].update(port_max_abs=max(port_dists),
                                 envelope_max_abs=max(dists[0][1]))
 
     def exceeded(self):
@@ -1431,10 +1433,11 @@ def local_main(args):
     computed = [i for i, v in enumerate(rs) if i > 0 and not v]
     if computed:
         print(f"note: the port's dump has no :router_state for the layers before {computed}: their EDA input is zaya.c's")
+    order = {n: i for i, n in enumerate(execution_order(n_layers))}
     for layer in range(n_layers):
         p = f"model.layers.{layer}."
         # positions whose routing the port and the replay choose differently at a near-tie are left out downstream
-        flips, skip = [], set()
+        flips = []
         if port.has(p + "mlp.gate.router_indices") and replay.has(p + "mlp.gate.router_indices"):
             _, a = port.load(p + "mlp.gate.router_indices")
             _, b = replay.load(p + "mlp.gate.router_indices")
@@ -1448,12 +1451,11 @@ def local_main(args):
                 row = sorted(sc[t_ * shape[1]:(t_ + 1) * shape[1]], reverse=True)
                 margins[t_] = row[0] - row[1]
         near = {t_ for t_ in flips if margins.get(t_, 1.0) < args.near_tie}
-        skip = near
-        keep = set(range(T)) - skip
+        keep = set(range(T)) - near
         layer_rows = []
         for name in [n for n in names if n.startswith(p)]:
-            after_route = execution_order(n_layers).index(name) > execution_order(n_layers).index(p + "mlp.gate.router_indices")
-            pos = keep if (after_route and skip) else None
+            after_route = order[name] > order[p + "mlp.gate.router_indices"]
+            pos = keep if (after_route and near) else None
             e_port = local_error(port, replay, name, pos)
             e_env = local_error(env, replay, name, pos) if env and env.has(name) else None
             kind, rtol = kind_of(name)
@@ -1514,7 +1516,8 @@ def main(argv=None):
     ap.add_argument("--local", action="store_true", help="TEST_DIR is a port's dump, REF_DIR zaya.c's --replay of it: "
                     "the error each layer introduces (docs/compare.md)")
     ap.add_argument("--model", help="with --local: run ./zaya MODEL --replay TEST_DIR itself (into TEST_DIR_replay_*)")
-    ap.add_argument("--replay-out", help="with --model: where the replays go (default TEST_DIR_replay)")
+    ap.add_argument("--replay-out", help="with --model: the replays' prefix: PREFIX_fp32 (and PREFIX_bf16) "
+                    "(default TEST_DIR_replay)")
     ap.add_argument("--bf16", action="store_true", help="with --local --model: the port runs in bf16; also replay in "
                     "bf16 for the envelope")
     ap.add_argument("--reference", help="with --local: a reference dump of the same ids, for the end-to-end column")

@@ -463,7 +463,7 @@ dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, 
             __m512i isum0[DOT_TOKENS], isum1[DOT_TOKENS];
             for (int t = 0; t < nt; t++) isum0[t] = isum1[t] = _mm512_setzero_si512();
             const int8_t *wb = w + (size_t)b * block / 64 * pitch;   /* the row's chunks are pitch bytes apart */
-#pragma GCC unroll 8   /* a block of the default group size 64 in one pass (bench/README.md) */
+#pragma GCC unroll 8   /* a block of the default group size 64 in one pass */
             for (int s = 0; s < block; s += 64) {
                 __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s / 64 * pitch)));
                 __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wb + s / 64 * pitch + 32)));
@@ -660,7 +660,7 @@ typedef struct {   /* the fields the threads write each on its own cache line */
     uint32_t solo_left;            /* while other programs want the cores: jobs the caller runs alone
                                     * before it looks again */
     uint32_t calm;                 /* jobs with threads since the last stall (STALL_WINDOW at the start) */
-    uint64_t stalls, busy_stalls, solo_jobs, stall_ns;   /* counts and the time waited, for bench/ (kernels_pool_stats) */
+    uint64_t stalls, busy_stalls, solo_jobs, stall_ns;   /* counts and the time waited (kernels_pool_report) */
     _Alignas(64) _Atomic int sleepers, stop;
     pthread_mutex_t mutex;
     pthread_cond_t wake;
@@ -841,12 +841,11 @@ void kernels_free(Kernels *k) {
 
 int kernels_threads(const Kernels *k) { return k->pool.threads; }
 
-void kernels_pool_stats(const Kernels *k, uint64_t *stalls, uint64_t *busy_stalls, uint64_t *solo_jobs, uint64_t *jobs, uint64_t *stall_ns) {
-    *stall_ns = k->pool.stall_ns;
-    *stalls = k->pool.stalls;
-    *busy_stalls = k->pool.busy_stalls;
-    *solo_jobs = k->pool.solo_jobs;
-    *jobs = k->pool.job + k->pool.solo_jobs;
+void kernels_pool_report(const Kernels *k, char *line, size_t len) {
+    const Pool *p = &k->pool;
+    snprintf(line, len, "pool: %llu stalls (%llu with other programs busy; %.1f ms waited), %llu of %llu parallel jobs run alone",
+             (unsigned long long)p->stalls, (unsigned long long)p->busy_stalls, p->stall_ns / 1e6,
+             (unsigned long long)p->solo_jobs, (unsigned long long)(p->job + p->solo_jobs));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -971,7 +970,7 @@ void matmul_ref(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, i
  * ------------------------------------------------------------------------------------------- */
 
 /* The rows of a KV head are short streams and the hardware prefetchers stop at every 4 KB page:
- * attention asks for the row KV_AHEAD positions ahead (bench/README.md). Only a hint; never faults. */
+ * attention asks for the row KV_AHEAD positions ahead. Only a hint; never faults. */
 #define KV_AHEAD 8
 static void prefetch_row(const KvCache *kv, const float *cache, int h, int pos) {
     const float *row = cache + kv_row(kv, h, pos);

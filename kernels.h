@@ -18,10 +18,10 @@ Kernels *kernels_new(int threads, int max_cols, int max_tokens);
 int zaya_default_threads(void);
 void kernels_free(Kernels *k);
 int kernels_threads(const Kernels *k);
-/* The pool's counts since kernels_new: stalls (a wait for a descheduled thread's piece), those
- * when other programs wanted the cores, jobs the caller then ran alone, all parallel jobs, and the
- * nanoseconds the stalls waited. */
-void kernels_pool_stats(const Kernels *k, uint64_t *stalls, uint64_t *busy_stalls, uint64_t *solo_jobs, uint64_t *jobs, uint64_t *stall_ns);
+/* The pool's counts since kernels_new as one line for stderr (no newline; ./zaya's and decode_vs_read's
+ * `pool:` line): stalls (a wait for a descheduled thread's piece), those when other programs wanted
+ * the cores, the milliseconds they waited, jobs the caller then ran alone of all parallel jobs. */
+void kernels_pool_report(const Kernels *k, char *line, size_t len);
 
 /* Y[t][o] = W[o] . X[t] for tokens t < n (X's rows xs floats apart, Y's ys apart; n <= max_tokens,
  * W->cols <= max_cols). int8 weights meet the activations quantized to int16 per group. */

@@ -541,10 +541,9 @@ static void report_speed(const Runner *r, double load_s) {
         fprintf(stderr, "decode: %d tokens in %.3f s (%.2f tok/s)\n", r->decode_n, r->decode_s,
                 r->decode_n / (r->decode_s > 0 ? r->decode_s : 1e-9));
     if (kernels_threads(r->s->kernels) > 1) {   /* whether the threads ran: a descheduled one is a stall */
-        uint64_t stalls, busy, solo, jobs, wait_ns;
-        kernels_pool_stats(r->s->kernels, &stalls, &busy, &solo, &jobs, &wait_ns);
-        fprintf(stderr, "pool: %llu stalls (%llu with other programs busy; %.1f ms waited), %llu of %llu parallel jobs run alone\n",
-                (unsigned long long)stalls, (unsigned long long)busy, wait_ns / 1e6, (unsigned long long)solo, (unsigned long long)jobs);
+        char line[256];
+        kernels_pool_report(r->s->kernels, line, sizeof line);
+        fprintf(stderr, "%s\n", line);
     }
 }
 

@@ -269,7 +269,6 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ids") && i + 1 < argc) id_list = argv[++i];
         else if (!strcmp(a, "--threads") && i + 1 < argc) threads = (int)arg_long(a, argv[++i], 1, 1024);
         else if (!strcmp(a, "--hugepages")) huge = 1;
-        else if (!strcmp(a, "--no-hugepages")) huge = 0;   /* the default (older scripts pass it) */
         else if (!strcmp(a, "--profile")) want_profile = 1;
         else if (a[0] != '-' && !path) path = a;
         else usage();
@@ -323,10 +322,9 @@ int main(int argc, char **argv) {
            "ceiling_tok/s=%.2f ratio=%.3f ratio_median=%.3f ratio_min=%.3f ratio_max=%.3f\n",
            threads, steps, rs.bytes, tok_s, gbs, gbs * 1e9 / rs.bytes, t_read / t_decode,
            ratio[steps / 2], ratio[0], ratio[steps - 1]);
-    uint64_t stalls, busy, solo, jobs, wait_ns;   /* whether the engine's threads ran (kernels_pool_stats) */
-    kernels_pool_stats(s.kernels, &stalls, &busy, &solo, &jobs, &wait_ns);
-    fprintf(stderr, "pool: %llu stalls (%llu with other programs busy; %.1f ms waited), %llu of %llu parallel jobs run alone\n",
-            (unsigned long long)stalls, (unsigned long long)busy, wait_ns / 1e6, (unsigned long long)solo, (unsigned long long)jobs);
+    char line[256];   /* whether the engine's threads ran */
+    kernels_pool_report(s.kernels, line, sizeof line);
+    fprintf(stderr, "%s\n", line);
     if (want_profile) profile(&m, &s, steps);
     free(ratio);
     free(ids);

@@ -35,7 +35,7 @@ def python_total(blob):
 
 
 def paired(label, blob, threads, steps=3):
-    rc, out, err = run([EXE, blob, "--ids", "2,17,300,45", "-n", str(steps), "--threads", str(threads), "--no-hugepages"])
+    rc, out, err = run([EXE, blob, "--ids", "2,17,300,45", "-n", str(steps), "--threads", str(threads)])
     m = LINE.match(out.strip())
     if not check(rc == 0 and m is not None, f"{label}: one report line at {threads} thread(s)",
                  f"exit {rc}, stdout {out.strip()[:300]!r}, stderr {err.strip()[-300:]!r}"):
@@ -87,8 +87,7 @@ SEGMENT = re.compile(r"^ *([0-9.]+) ms +([0-9.]+) %  (.+) -> (.+)$")
 
 def profiled(label, blob, threads, steps=2):
     """--profile: after the paired line, the time between consecutive taps of `steps` more steps."""
-    rc, out, err = run([EXE, blob, "--ids", "2,17,300,45", "-n", str(steps), "--threads", str(threads),
-                        "--no-hugepages", "--profile"])
+    rc, out, err = run([EXE, blob, "--ids", "2,17,300,45", "-n", str(steps), "--threads", str(threads), "--profile"])
     lines = out.strip().splitlines()
     head = re.match(r"^profile steps=(\d+) ms/token=([0-9.]+) taps_ms/token=([0-9.]+) ", lines[1]) if len(lines) > 1 else None
     if not check(rc == 0 and LINE.match(lines[0]) and head and int(head.group(1)) == steps,

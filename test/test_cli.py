@@ -18,7 +18,7 @@ import os
 import re
 import struct
 
-from harness import BUILD, FIXTURES, check, finish, need_fixtures, prompt_ids, run
+from harness import BUILD, FIXTURES, check, finish, need_fixtures, prompt_ids, run, tokenizer_dir
 
 FX = need_fixtures()
 CASES = need_fixtures("tokenizer", "cases.jsonl")
@@ -73,36 +73,45 @@ for label, flags, where in (("default", [], "the file mapped in place"), ("--mma
             logits[label] = f.read()
 check(len(logits) == 3 and len(set(logits.values())) == 1, "default, --mmap and --hugepages give the same logits bit for bit", str(list(logits)))
 
-# the sampler's id limit: a copy of the blob whose embedding rows past the tokenizer (262147..262271, the LM
-# head's padding rows) are 100 x the row of the id greedy picks first, so without the limit those rows win
+# the sampler's id limit: a copy of the blob whose embedding rows past the tokenizer (the LM head's padding
+# rows, 262147..262271 in the fixture) are 100 x the row of the id greedy picks first, so without the limit
+# those rows win
 rc, out, err = run(["./zaya", blob, "-i", "The old lighthouse keeper", "-n", "4", "-t", "0", "--print-ids"])
 first = int(out.split(",")[0]) if rc == 0 and out.strip() else -1
 padded = os.path.join(BUILD, "cli_padding_rows.bin")
 with open(blob, "rb") as f:
     data = bytearray(f.read())
-n_tensors, = struct.unpack_from("<I", data, 32)
+with open(os.path.join(tokenizer_dir(), "tokenizer.json")) as f:
+    tok = json.load(f)
+n_tok = max([*tok["model"]["vocab"].values(), *(a["id"] for a in tok["added_tokens"])]) + 1
+(n_tensors,), (dir_off,) = struct.unpack_from("<I", data, 32), struct.unpack_from("<Q", data, 24)
+dtype = None
 for k in range(n_tensors):
-    e = 1024 + 192 * k
+    e = dir_off + 192 * k
     if data[e:e + 128].rstrip(b"\0") == b"model.embed_tokens.weight":
         dtype, _, V, H = struct.unpack_from("<IIQQ", data, e + 128)
         off, = struct.unpack_from("<Q", data, e + 168)
-assert dtype == 0, "the default export keeps fp32 embeddings"
+if not check(dtype == 0 and first >= 0 and n_tok < V, "the default export keeps fp32 embeddings with padding rows",
+             f"embedding dtype {dtype}, first greedy id {first}, tokenizer {n_tok} ids"):
+    finish()
 row = [100 * x for x in struct.unpack_from(f"<{H}f", data, off + 4 * H * first)]
-for v in range(262147, V):
+for v in range(n_tok, V):
     struct.pack_into(f"<{H}f", data, off + 4 * H * v, *row)
 with open(padded, "wb") as f:
     f.write(data)
 for temp in ("0", "0.8"):
     rc, out, err = run(["./zaya", padded, "-i", "The old lighthouse keeper", "-n", "8", "-t", temp, "-s", "7", "--print-ids"])
     ids = [int(x) for x in out.strip().split(",")] if rc == 0 and out.strip() else []
-    check(len(ids) == 8 and max(ids) < 262147, f"-t {temp}: never an id the tokenizer lacks, even where the LM head's "
+    check(len(ids) == 8 and max(ids) < n_tok, f"-t {temp}: never an id the tokenizer lacks, even where the LM head's "
           f"padding rows have the largest logits", f"first greedy id {first}; got {ids} {err[-200:]}")
 
 # chat: two turns against the template's rendering
 c = cases["encode/chatml/two_turn_gen"]
 rendered = base64.b64decode(c["text_b64"]).decode()
 script = "What is 2+2?\n/assistant 2 + 2 = 4.\nAnd 3+3?\n"
-assert "What is 2+2?" in rendered and "And 3+3?" in rendered, "the fixture's chat case is this conversation"
+if not check("What is 2+2?" in rendered and "And 3+3?" in rendered and "2 + 2 = 4." in rendered,
+             "the fixture's chat case is this conversation", rendered[:300]):
+    finish()
 rc, out, err = run(["./zaya", blob, "-m", "chat", "-y", "You are a helpful assistant.", "-n", "0", "--print-ids"],
                    input=script.encode())
 fed = [int(x) for line in err.splitlines() if line.startswith("[fed") for x in line[5:-1].split()]

@@ -404,9 +404,12 @@ check(abs(ppl - math.exp(mean)) <= 1e-5 * ppl and abs(pm - sd * math.exp(mean)) 
 WIDE = os.path.join(OUT, "wide.bin")
 shutil.copyfile(BLOB, WIDE)
 with open(WIDE, "r+b") as f:
-    head = f.read(1 << 16)
-    for i in range(struct.unpack_from("<I", head, 32)[0]):
-        e = head[1024 + 192 * i:1024 + 192 * (i + 1)]
+    head = f.read(64)
+    n, dir_off = struct.unpack_from("<I", head, 32)[0], struct.unpack_from("<Q", head, 24)[0]
+    f.seek(dir_off)
+    directory = f.read(192 * n)
+    for i in range(n):
+        e = directory[192 * i:192 * (i + 1)]
         if e[:128].rstrip(b"\0") == b"model.norm.weight":
             off, nbytes = struct.unpack_from("<QQ", e, 168)
             f.seek(off)

@@ -23,12 +23,9 @@ Verdicts (FP32 = golden/, ENVELOPE = golden_bf16/, SPREAD = golden_bf16/decode/,
     misplaced cast  the fp32 residual stream rounded to bf16 after the attention half  -> within (its entry
                     change is one bf16 rounding, far inside the cloud: not distinguishable end to end)
   A case expecting "exceeds" passes only when the verdict names that tensor at a position the bug changed.
-- routing: a flip where bf16 legitimately flips (layer 3, fp32 margin 0.036) is a "bf16 near-tie" and
-  within; a flip at a layer-0 margin >= 0.03 is a bug: "exceeds it first at ...router_indices".
-
-To add a case (e.g. a dump of ./zaya --precision bf16, with or without an injected bug), append
-(label, dump folder, expected) to DUMP_CASES below: expected is ("within",) or ("exceeds", tensor name,
-set of allowed positions or None).
+- routing: a flip above --near-tie's margin but inside the margin change bf16 itself shows in that layer
+  is a "bf16 near-tie" and within; a flip at a layer-0 margin >= 0.03 is a bug: "exceeds it first at
+  ...router_indices".
 Output: one `PASS name` / `FAIL name: detail` line per check; exit status 1 if any check failed.
 """
 import array
@@ -38,25 +35,21 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+ZAYA = os.path.join(ROOT, "zaya")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import compare  # noqa: E402
 from fixture_to_dump import bf16  # noqa: E402
-from harness import BUILD, check, finish, mutant, need_fixtures  # noqa: E402
-
-# (label, dump folder, expected): cases other tests or the engine produce; see the docstring
-DUMP_CASES = []
+from harness import BUILD, check, finish, mutant, need_fixtures, run as run_cmd  # noqa: E402
 
 
 def run(*args):
-    p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
+    """A Python script of the repository: (exit status, stdout, stderr)."""
+    return run_cmd([sys.executable, *args])
 
 
 def verdict(out):
@@ -105,6 +98,12 @@ class Edit:
     def save(self, name, shape, data):
         compare.write_npy(os.path.join(self.dir, compare.file_name(name)), shape, array.array("f", data))
 
+    def replace(self, name, compute):
+        """Tensor `name` replaced by compute(shape, values) (the same shape); returns (name, the values before)."""
+        shape, before = self.load(name)
+        self.save(name, shape, compute(shape, before))
+        return name, before
+
     def changed_rows(self, name, before):
         shape, after = self.load(name)
         n = len(after) // shape[0]
@@ -114,41 +113,41 @@ class Edit:
 def bug_delayed_value(e, L, cfg):
     """value[t] = [v_proj_current(h_t), v_proj_delayed(h_t)]: the delayed half not shifted by one token."""
     P = f"model.layers.{L}.self_attn.qkv_proj"
-    shape, value = e.load(P + ":value")
     _, vd = e.load(P + ".v_proj_delayed")
-    T, w = shape[0], len(value) // shape[0]
-    half = w // 2
-    out = array.array("f", value)
-    for t in range(T):
-        out[t * w + half:(t + 1) * w] = vd[t * half:(t + 1) * half]
-    e.save(P + ":value", shape, out)
-    return P + ":value", value
+
+    def compute(shape, value):
+        T, w = shape[0], len(value) // shape[0]
+        half = w // 2
+        out = array.array("f", value)
+        for t in range(T):
+            out[t * w + half:(t + 1) * w] = vd[t * half:(t + 1) * half]
+        return out
+    return e.replace(P + ":value", compute)
 
 
 def bug_gqa_index(e, L, cfg):
     """query_residual[n] = (q[n] + k[n % kv]) / 2 instead of k[n // g] (the residual mix's KV head)."""
     P = f"model.layers.{L}.self_attn.qkv_proj"
-    shape, qr = e.load(P + ":query_residual")
     _, q = e.load(P + ".q_proj")
     _, k = e.load(P + ".k_proj")
-    T, nq, d = shape
     nkv = cfg["num_key_value_heads"]
-    out = []
-    for t in range(T):
-        for n in range(nq):
-            s = [q[(t * nq + n) * d + i] + k[(t * nkv + n % nkv) * d + i] for i in range(d)]
-            out.extend(x * 0.5 for x in bf16(s))              # rnd(q + k), * 0.5 exact
-    e.save(P + ":query_residual", shape, out)
-    return P + ":query_residual", qr
+
+    def compute(shape, qr):
+        T, nq, d = shape
+        out = []
+        for t in range(T):
+            for n in range(nq):
+                s = [q[(t * nq + n) * d + i] + k[(t * nkv + n % nkv) * d + i] for i in range(d)]
+                out.extend(x * 0.5 for x in bf16(s))              # rnd(q + k), * 0.5 exact
+        return out
+    return e.replace(P + ":query_residual", compute)
 
 
 def bug_missing_eda(e, L, cfg):
     """Layer L >= 1: router state = down_proj alone (the previous state * router_states_scale dropped)."""
     G = f"model.layers.{L}.mlp.gate"
-    shape, st = e.load(G + ":router_state")
     _, dp = e.load(G + ".down_proj")
-    e.save(G + ":router_state", shape, dp)
-    return G + ":router_state", st
+    return e.replace(G + ":router_state", lambda shape, st: dp)
 
 
 def bug_rope_theta(e, L, cfg):
@@ -177,10 +176,7 @@ def bug_rope_theta(e, L, cfg):
 
 def bug_bf16_residual(e, L, cfg):
     """The fp32 residual stream stored in bf16 after the attention half (a cast in the wrong place)."""
-    name = f"model.layers.{L}.post_attention_residual_scale"
-    shape, r = e.load(name)
-    e.save(name, shape, bf16(r))
-    return name, r
+    return e.replace(f"model.layers.{L}.post_attention_residual_scale", lambda shape, r: bf16(r))
 
 
 def flip_route(e, L, pos, choice):
@@ -188,28 +184,41 @@ def flip_route(e, L, pos, choice):
     name = f"model.layers.{L}.mlp.gate.router_indices"
     path = os.path.join(e.dir, compare.file_name(name))
     shape, ri = compare.read_npy(path)
-    before = array.array("f", ri)
     ri[pos] = choice
     compare.write_npy(path, shape, ri)
-    return name, before
+    return name
 
 
-def routing_cases(F, E, S, tmp):
-    """A flip where bf16 legitimately flips (layer 3, position 33: fp32 margin 0.036, inside the margin
-    change bf16 shows in layer 3; the replica with torch >= 2.1's SiLU flips exactly there) is a bf16
-    near-tie; a flip at layer 0's smallest fp32 margin >= 0.03 (bf16 moves layer-0 margins by 0.01 at most) is a bug."""
-    _, m3 = compare.read_npy(os.path.join(F, compare.file_name("model.layers.3.mlp.gate:router_margin")))
-    _, r3 = compare.read_npy(os.path.join(F, compare.file_name("model.layers.3.mlp.gate.router_indices")))
-    e = Edit(E, os.path.join(tmp, "flip_bf16_near_tie"))
-    flip_route(e, 3, 33, 0 if r3[33] != 0 else 1)
-    _, out = check_verdict(f"routing flip at layer 3 position 33 (fp32 margin {m3[33]:.3g}): a bf16 near-tie", e.dir,
-                           ("within",), F, E, S)
-    check("bf16 near-tie" in out, "the flip is labelled a bf16 near-tie", out[-600:])
-    _, m0 = compare.read_npy(os.path.join(F, compare.file_name("model.layers.0.mlp.gate:router_margin")))
-    _, r0 = compare.read_npy(os.path.join(F, compare.file_name("model.layers.0.mlp.gate.router_indices")))
+def routing_cases(F, E, S, tmp, cfg):
+    """A flip at an fp32 margin at or above --near-tie's but inside the margin change bf16 itself shows in that
+    layer (the official bf16 run against the fp32 one) is a bf16 near-tie; of those, the one with the smallest
+    margin relative to that change. A flip at layer 0's smallest fp32 margin >= 0.03, outside bf16's change
+    there, is a bug."""
+    def margins(d, L):
+        return compare.read_npy(os.path.join(d, compare.file_name(f"model.layers.{L}.mlp.gate:router_margin")))[1]
+
+    def indices(d, L):
+        return compare.read_npy(os.path.join(d, compare.file_name(f"model.layers.{L}.mlp.gate.router_indices")))[1]
+
+    E_ = cfg["num_experts"]
+    near = []   # (margin / bf16's margin change in the layer, layer, position)
+    for L in range(cfg["num_hidden_layers"]):
+        mf, me, rf, re_ = margins(F, L), margins(E, L), indices(F, L), indices(E, L)
+        move = max(abs(a - b) for a, b in zip(mf, me))
+        near += [(mf[t] / move, L, t) for t in range(len(mf)) if compare.NEAR_TIE <= mf[t] < move and rf[t] == re_[t]]
+    if check(bool(near), "the fixture has a position inside bf16's margin change and above --near-tie",
+             "no such position: the near-tie case cannot be built from this fixture"):
+        _, L, pos = min(near)
+        m, r = margins(F, L), indices(E, L)
+        e = Edit(E, os.path.join(tmp, "flip_bf16_near_tie"))
+        flip_route(e, L, pos, (int(r[pos]) + 1) % E_)
+        _, out = check_verdict(f"routing flip at layer {L} position {pos} (fp32 margin {m[pos]:.3g}): a bf16 near-tie",
+                               e.dir, ("within",), F, E, S)
+        check("bf16 near-tie" in out, "the flip is labelled a bf16 near-tie", out[-600:])
+    m0, r0 = margins(F, 0), indices(F, 0)
     pos = min((t for t in range(len(m0)) if m0[t] >= 0.03), key=lambda t: m0[t])   # small, but 3x bf16's move
     e = Edit(E, os.path.join(tmp, "flip_bug"))
-    name, _ = flip_route(e, 0, pos, (r0[pos] + 1) % 4)
+    name = flip_route(e, 0, pos, (int(r0[pos]) + 1) % E_)
     check_verdict(f"routing flip at layer 0 position {pos} (fp32 margin {m0[pos]:.3g}): a bug", e.dir,
                   ("exceeds", name, {pos}), F, E, S)
 
@@ -239,7 +248,7 @@ def fixture_hashes():
         if hashlib.sha256(data).hexdigest() != info.get("sha256"):
             bad.append(f"{rel}: sha256 {hashlib.sha256(data).hexdigest()[:12]}..., index.json {str(info.get('sha256'))[:12]}...")
     on_disk = sum(len(fs) for _, _, fs in os.walk(need_fixtures("golden_bf16")))
-    check(len(files) == 230 and not bad and on_disk == len(files), "golden_bf16: 230 files, each with index.json's sha256",
+    check(files and not bad and on_disk == len(files), f"golden_bf16: {len(files)} files, each with index.json's sha256",
           f"{len(files)} indexed, {on_disk} on disk; " + "; ".join(bad[:5]) +
           "\n  hint: restore with `git checkout -- test/fixtures` (a file cut short or edited is not the fixture)")
     return index
@@ -247,7 +256,7 @@ def fixture_hashes():
 
 # Bugs of the kinds porters make, put into zaya.c itself (test/harness.py mutant()) and run in bf16 with the
 # fixture's torch rounding: every downstream tensor is the buggy engine's own. (label, name, zaya.c edits,
-# expected): expected as in DUMP_CASES.
+# expected): expected is ("within",) or ("exceeds", tensor name, set of allowed positions or None).
 ENGINE_BUGS = [
     ("engine bf16, wrong index: the delayed value is this token's v_proj_delayed", "delayed_index",
      [("""        memcpy(v + (size_t)t * VD + half, delayed_value, sizeof(float) * (size_t)half);
@@ -276,17 +285,16 @@ ENGINE_BUGS = [
 
 def engine_cases(blob, ids, tmp, F, E, S):
     """zaya.c's own bf16 runs (both torch variants) are within; each ENGINE_BUGS mutant is named where it enters."""
-    runs = [(f"zaya.c --precision {p}", os.path.join(ROOT, "zaya"), p, ("within",)) for p in ("bf16", "bf16-torch1.13")]
+    runs = [(f"zaya.c --precision {p}", ZAYA, p, ("within",)) for p in ("bf16", "bf16-torch1.13")]
     for label, name, edits, expected in ENGINE_BUGS:
         runs.append((label, mutant(name, edits), "bf16-torch1.13", expected))
     for label, zaya, precision, expected in runs:
         if not zaya:
             continue
-        out = os.path.join(tmp, "engine_" + label.split(":")[0].replace(" ", "_").replace("-", "_"))
+        out = os.path.join(tmp, "engine_" + (os.path.basename(os.path.dirname(zaya)) if zaya != ZAYA else precision))
         shutil.rmtree(out, ignore_errors=True)
-        p = subprocess.run([zaya, blob, "--ids", ids, "--dump", out, "--precision", precision], cwd=ROOT,
-                           capture_output=True, text=True)
-        if check(p.returncode == 0, f"{label}: dumps", p.stderr[-300:]):
+        rc, _, err = run_cmd([zaya, blob, "--ids", ids, "--dump", out, "--precision", precision])
+        if check(rc == 0, f"{label}: dumps", err[-300:]):
             check_verdict(label, out, expected, F, E, S)
 
 
@@ -321,7 +329,7 @@ def main():
     check(m and int(m.group(1)) > 0 and int(m.group(2)) == 0,
           "rows after the token-by-token run's routing flips are judged against the run that made them",
           m.group(0) if m else out[-400:])
-    _, out = check_verdict("official bf16 token by token against the whole-prompt envelope alone", S, ("within",), F, E)
+    check_verdict("official bf16 token by token against the whole-prompt envelope alone", S, ("within",), F, E)
     check_verdict("official fp32 run", F, ("within", "far below"), F, E, S)
 
     # injected bugs
@@ -336,22 +344,19 @@ def main():
         else:
             check_verdict(label, e.dir, ("exceeds", name, changed), F, E, S)
 
-    routing_cases(F, E, S, tmp)
+    routing_cases(F, E, S, tmp, cfg)
 
     # zaya.c in fp32 (the bf16 checkpoint's exact weights): within, far below
-    if check(os.path.exists(os.path.join(ROOT, "zaya")), "./zaya is built", "hint: run `make` (make test builds it)"):
+    if check(os.path.exists(ZAYA), "./zaya is built", "hint: run `make` (make test builds it)"):
         blob = os.path.join(tmp, "fx_bf16.bin")
         rc, o, e = run("export_weights.py", need_fixtures("checkpoint_native"), blob, "--dtype", "bf16")
         ours = os.path.join(tmp, "zaya_fp32")
         shutil.rmtree(ours, ignore_errors=True)
         ids = ",".join(map(str, index["prompt"]["ids"]))
-        p = subprocess.run([os.path.join(ROOT, "zaya"), blob, "--ids", ids, "--dump", ours], cwd=ROOT,
-                           capture_output=True, text=True)
-        if check(rc == 0 and p.returncode == 0, "zaya.c dumps the fixture prompt", (o + e + p.stderr)[-400:]):
+        rc2, _, err2 = run_cmd([ZAYA, blob, "--ids", ids, "--dump", ours])
+        if check(rc == 0 and rc2 == 0, "zaya.c dumps the fixture prompt", (o + e + err2)[-400:]):
             check_verdict("zaya.c fp32 dump", ours, ("within", "far below"), F, E, S)
             engine_cases(blob, ids, tmp, F, E, S)
-    for label, folder, expected in DUMP_CASES:
-        check_verdict(label, folder, expected, F, E, S)
 
     # usage errors: a message and exit 2, never a traceback
     rc, out, err = run("compare.py", E, F, "--spread", S)

@@ -5,30 +5,28 @@
 
 1. The official dumps replayed: every layer's local error at the float floor (fp32 golden of upstream
    and of Zyphra's fork: <= 1e-6 rel L2 per layer); compare.py --local agrees.
-2. A port with an error in one layer only, made by zaya.c from a copy of the checkpoint with one
-   tensor of layer 3 changed (o_proj perturbed; router_states_scale zeroed = EDA off): the local
-   comparison names layer 3 and the tap (o_proj; :router_state) while the end-to-end comparison has
-   every later layer out of tolerance.
-3. The hard case in bf16: a port whose layer-5 experts use GELU instead of SiLU (zaya.c built with
+2. A port with an error in one layer only (the middle one, layer num_hidden_layers // 2), made by zaya.c
+   from a copy of the checkpoint with one tensor of that layer changed (o_proj perturbed;
+   router_states_scale zeroed = EDA off): the local comparison names that layer and the tap (o_proj;
+   :router_state) while the end-to-end comparison has every later layer out of tolerance.
+3. The hard case in bf16: a port whose last layer's experts use GELU instead of SiLU (zaya.c built with
    that one change) drifts from fp32 about as much as legitimate bf16 runs do; the local comparison,
-   with zaya.c's bf16 replay as the envelope, names layer 5 mlp.experts, and the official bf16 runs
+   with zaya.c's bf16 replay as the envelope, names that layer's mlp.experts, and the official bf16 runs
    (whole prompt, token by token) pass.
 4. Bad input: --replay without --dump, a dump missing a layer boundary, a truncated tensor.
 """
-import array
 import json
-import math
 import os
 import shutil
 import struct
 import sys
 
-from harness import BUILD, ROOT, check, finish, mutant, need_fixtures, prompt_ids, read_npy, run
-
-sys.path.insert(0, ROOT)
-from compare import write_dump  # noqa: E402
+from harness import BUILD, ROOT, check, finish, mutant, need_fixtures, prompt_ids, read_npy, rel_l2 as rel, run
 
 FX = need_fixtures()
+with open(os.path.join(FX, "checkpoint_native", "config.json")) as f:
+    N_LAYERS = json.load(f)["num_hidden_layers"]
+MID, LAST = N_LAYERS // 2, N_LAYERS - 1
 os.makedirs(BUILD, exist_ok=True)
 IDS = ",".join(map(str, prompt_ids()))
 OUT = os.path.join(BUILD, "replay")
@@ -98,39 +96,37 @@ for golden, blob, extra in (("golden", fp32, []), ("golden_zyphra", legacy, ["--
     check(rc == 0 and rc2 == 0, f"replay of the official {golden} dump", (err + err2)[-300:])
     rc, text = compare("--local", official, replay)
     errors = layer_errors(text)
-    check(rc == 0 and len(errors) == 6 and max(e for e, _ in errors.values()) <= 1e-6,
+    check(rc == 0 and len(errors) == N_LAYERS and max(e for e, _ in errors.values()) <= 1e-6,
           f"{golden}: every layer's local error <= 1e-6 rel L2 "
           f"(max {max([e for e, _ in errors.values()] or [float('nan')]):.2g}), compare.py --local agrees", text[-600:])
 
-# 2. an error in layer 3 only
-cases = [("o_proj", "model.layers.3.self_attn.o_proj.weight", lambda v: [x * 1.05 if k % 7 == 0 else x for k, x in enumerate(v)],
-          "model.layers.3.self_attn.o_proj"),
-         ("eda_off", "model.layers.3.mlp.gate.router_states_scale", lambda v: [0.0] * len(v), "model.layers.3.mlp.gate:router_state")]
+# 2. an error in the middle layer only
+P = f"model.layers.{MID}."
+cases = [("o_proj", P + "self_attn.o_proj.weight", lambda v: [x * 1.05 if k % 7 == 0 else x for k, x in enumerate(v)],
+          P + "self_attn.o_proj"),
+         ("eda_off", P + "mlp.gate.router_states_scale", lambda v: [0.0] * len(v), P + "mlp.gate:router_state")]
 for name, tensor, edit, tap in cases:
     port = dump(export(patched_checkpoint("ck_" + name, tensor, edit), "port_" + name), "port_" + name)
     rc, e2e = compare(port, reference)
     later = [f"    {i} " in e2e and next(ln for ln in e2e.splitlines() if ln.startswith(f"    {i} ")).split()[2] != "0"
-             for i in (3, 4, 5)]
-    check(rc == 1 and all(later), f"{name}: end to end, every layer from 3 on differs from the reference", e2e[-500:])
+             for i in range(MID, N_LAYERS)]
+    check(rc == 1 and all(later), f"{name}: end to end, every layer from {MID} on differs from the reference", e2e[-500:])
     rc, text = compare("--local", port, "--model", fp32, "--reference", reference)
     errors = layer_errors(text)
     print("\n".join("      " + ln for ln in text.splitlines() if ln[:5].strip().isdigit() or ln.startswith("layer")))
-    check(rc == 1 and f"FIRST LOCAL ERROR: layer 3, {tap}" in text and all(errors[i][0] == 0 for i in (0, 1, 2, 4, 5)),
-          f"{name}: the local comparison names layer 3, {tap}; every other layer's local error is 0",
+    check(rc == 1 and f"FIRST LOCAL ERROR: layer {MID}, {tap}" in text
+          and all(errors[i][0] == 0 for i in range(N_LAYERS) if i != MID),
+          f"{name}: the local comparison names layer {MID}, {tap}; every other layer's local error is 0",
           text[-500:])
 
-# 3. the hard case in bf16: GELU instead of SiLU in layer 5's experts
+# 3. the hard case in bf16: GELU instead of SiLU in the last layer's experts
 silu = "gate[i] = held(b, silu_held(b, gate[i]) * up[i]);"
-gelu = "gate[i] = held(b, (b->layer == 5 ? held(b, gelu(gate[i])) : silu_held(b, gate[i])) * up[i]);"
-gelu5 = mutant("gelu5", [(silu, gelu)])
+gelu = f"gate[i] = held(b, (b->layer == {LAST} ? held(b, gelu(gate[i])) : silu_held(b, gate[i])) * up[i]);"
+gelu5 = mutant("gelu_last", [(silu, gelu)])
 bug = dump(bf16, "port_gelu5", "--precision", "bf16-torch1.13", zaya=gelu5 or "false")
 gold = need_fixtures("golden_bf16")
 (L, T, H), official_pre = read_npy(os.path.join(gold, "hidden_states.npy"))
 _, official_dec = read_npy(os.path.join(gold, "decode", "hidden_states.npy"))
-
-
-def rel(a, b):
-    return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)) / sum(y * y for y in b))
 
 
 last = slice((L - 1) * T * H, L * T * H)
@@ -141,15 +137,14 @@ print(f"      last layer vs fp32: the bug {rel(bug_out, ref_out):.3g}, official 
       f"official token by token {rel(official_dec[last], ref_out):.3g}; the bug vs official bf16 {rel(bug_out, official_pre[last]):.3g}, "
       f"two official bf16 runs {spread:.3g}")
 decode_dump = os.path.join(OUT, "official_bf16_decode")
-write_dump(decode_dump, [(f"model.layers.{i}.post_mlp_residual_scale", (T, H), array.array("f", official_dec[i * T * H:(i + 1) * T * H]))
-                         for i in range(L)], {"producer": {"program": "golden_bf16/decode"}, "tokens": prompt_ids(),
-                                              "skip_expert": "zero", "weight_format": {"dtype": "bf16"}})
-rc, _, err = run([sys.executable, "tools/fixture_to_dump.py", gold, os.path.join(OUT, "official_bf16")])
-for port, want_rc, what in ((bug, 1, "the GELU bug: layer 5, mlp.experts"), (os.path.join(OUT, "official_bf16"), 0, "official bf16 (whole prompt)"),
+for src, dst in ((gold, os.path.join(OUT, "official_bf16")), (os.path.join(gold, "decode"), decode_dump)):
+    rc, _, err = run([sys.executable, "tools/fixture_to_dump.py", src, dst])
+    check(rc == 0, f"fixture_to_dump.py {os.path.relpath(src, FX)}", err[-300:])
+for port, want_rc, what in ((bug, 1, f"the GELU bug: layer {LAST}, mlp.experts"), (os.path.join(OUT, "official_bf16"), 0, "official bf16 (whole prompt)"),
                             (decode_dump, 0, "official bf16 (token by token)")):
     rc, text = compare("--local", port, "--model", bf16, "--bf16", "--reference", reference)
     print("\n".join("      " + ln for ln in text.splitlines() if ln[:5].strip().isdigit() or ln.startswith("layer")))
-    located = "FIRST LOCAL ERROR: layer 5, model.layers.5.mlp.experts" in text
+    located = f"FIRST LOCAL ERROR: layer {LAST}, model.layers.{LAST}.mlp.experts" in text
     check(rc == want_rc and (located if want_rc else "within the bf16 envelope" in text),
           f"bf16, local comparison with the envelope: {what} " + ("located" if want_rc else "passes"), text[-500:])
 
