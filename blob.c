@@ -443,29 +443,17 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
         return zaya_fail(err, errlen, "%s is too small to be a zaya.c model\n  expected: at least %d bytes\n  found:    %llu bytes\n  hint: the file is empty or truncated; re-export it with export_weights.py",
                     path, HEADER_SIZE, (unsigned long long)size);
     }
+    const uint64_t avail = available_ram();
+    if ((flags & ZAYA_LOAD_HUGEPAGES) && avail && size > avail) {
+        close(fd);
+        return zaya_fail(err, errlen, "%s is too big for --hugepages\n  expected: a blob that fits in the available RAM (%.2f GB, MemAvailable)\n  found:    %.2f GB\n  hint: run without --hugepages: the weights then stay memory-mapped and are read layer by layer",
+                         path, avail / 1e9, size / 1e9);
+    }
     void *map = map_file_huge(fd, (size_t)size);
     if (map == MAP_FAILED) { close(fd); return zaya_fail(err, errlen, "cannot mmap %s: %s", path, strerror(errno)); }
     m->map = map;
     m->map_size = (size_t)size;
-    const uint64_t avail = available_ram();
-    int copy = flags & ZAYA_LOAD_HUGEPAGES;
-    if (!copy && !(flags & ZAYA_LOAD_MMAP) && size >= HUGE_MIN && (!avail || size <= avail)) map = read_in_huge_pages(m, fd, &copy);
-    close(fd);
-    if (!map) return zaya_fail(err, errlen, "cannot mmap %s again after dropping its small pages from the page cache: %s", path, strerror(errno));
-    if (copy) {
-        if (avail && size > avail) {
-            zaya_free(m);
-            return zaya_fail(err, errlen, "%s is too big for --hugepages\n  expected: a blob that fits in the available RAM (%.2f GB, MemAvailable)\n  found:    %.2f GB\n  hint: run without --hugepages: the weights then stay memory-mapped and are read layer by layer",
-                        path, avail / 1e9, size / 1e9);
-        }
-        size_t alloc = 0;
-        void *anon = copy_to_huge_pages(map, (size_t)size, &alloc);
-        if (!anon) { zaya_free(m); return zaya_fail(err, errlen, "cannot allocate %llu bytes for --hugepages\n  hint: run without --hugepages (the blob is then used in place)", (unsigned long long)size); }
-        munmap(map, (size_t)size);
-        m->map = map = anon;
-        m->map_size = alloc;
-    }
-    const unsigned char *h = map;
+    const unsigned char *h = map;   /* the header is checked before any tensor data is read */
 
     if (memcmp(h, "ZAYABLOB", 8) != 0) {
         char found[8 * 4 + 1], *q = found;   /* the first 8 bytes, non-printable ones as \xHH */
@@ -473,11 +461,13 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
         zaya_fail(err, errlen, "%s is not a zaya.c model\n  expected: magic \"ZAYABLOB\"\n  found:    \"%s\"%s\n  hint: a Hugging Face checkpoint folder must first be exported: python3 export_weights.py CKPT_DIR OUT.bin",
              path, found, h[8] == '{' ? " (a safetensors file?)" : "");
         zaya_free(m);   /* after the message: h points into the mapping */
+        close(fd);
         return -1;
     }
     uint32_t version = rd_u32(h + 8);
     if (version < 1 || version > ZAYA_FORMAT_VERSION) {   /* version 1 is version 2 without FP8 / MXFP4 tensors */
         zaya_free(m);
+        close(fd);
         return zaya_fail(err, errlen, "%s has blob format version %u\n  expected: 1 or %d (this zaya.c)\n  found:    %u\n  %s", path, version, ZAYA_FORMAT_VERSION, version, HINT_REEXPORT);
     }
     uint64_t file_size = rd_u64(h + 16), dir_off = rd_u64(h + 24), data_off = rd_u64(h + 48),
@@ -507,7 +497,24 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
         else
             rc = read_config(&m->config, h, path, err, errlen);
     }
-    if (rc != 0) { zaya_free(m); return -1; }
+    if (rc != 0) { zaya_free(m); close(fd); return -1; }
+
+    /* where the weights will be read from (the tensor data is read from here on) */
+    int copy = flags & ZAYA_LOAD_HUGEPAGES;
+    if (!copy && !(flags & ZAYA_LOAD_MMAP) && size >= HUGE_MIN && (!avail || size <= avail)) map = read_in_huge_pages(m, fd, &copy);
+    close(fd);
+    if (!map) return zaya_fail(err, errlen, "cannot mmap %s again after dropping its small pages from the page cache: %s", path, strerror(errno));
+    if (copy) {
+        size_t alloc = 0;
+        void *anon = copy_to_huge_pages(map, (size_t)size, &alloc);
+        if (!anon && (flags & ZAYA_LOAD_HUGEPAGES)) { zaya_free(m); return zaya_fail(err, errlen, "cannot allocate %llu bytes for --hugepages\n  hint: run without --hugepages (the blob is then used in place)", (unsigned long long)size); }
+        if (anon) {
+            munmap(map, (size_t)size);
+            m->map = map = anon;
+            m->map_size = alloc;
+        } else copy = 0;   /* the default's last resort failed: the mapping as it is */
+    }
+    h = map;
     m->weight_format = (int)wformat;
     m->group_size = (int)group;
     m->source_layout = (int)layout;
@@ -535,7 +542,8 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
         }
     }
     if (rc == 0 && copy && arrange_model_rows(m) != 0)
-        rc = zaya_fail(err, errlen, "out of memory while interleaving the int8 rows\n  hint: run without --hugepages");
+        rc = zaya_fail(err, errlen, "out of memory while interleaving the int8 rows of the copy\n  hint: %s",
+                       flags & ZAYA_LOAD_HUGEPAGES ? "run without --hugepages" : "run with --mmap (the blob used in place)");
     if (rc != 0) { zaya_free(m); return -1; }
     return 0;
 }

@@ -273,6 +273,12 @@ static inline float sum_lanes_512(__m512 a) {
 #endif
 
 #ifdef __AVX512F__
+/* 16 weights i..i+15 of a float32 or bf16 row, as float32 (bf16: the bits shifted up, exact) */
+static inline __m512 float_weights_512(int kind, const void *w, size_t i) {
+    return kind == ZAYA_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i))), 16))
+                             : _mm512_loadu_ps((const float *)w + i);
+}
+
 /* 16 FP8 weights from q: fp8_weight lane by lane (the same bit tricks; the hardware's f16 conversion
  * rounds to nearest even like round_f16) */
 static inline __m512 fp8_weights_512(const uint8_t *q, const QuantRow *qr) {
@@ -331,12 +337,10 @@ dot_float_n(float *out, const int nt, const void *wv, const int kind, const Quan
     float acc[DOT_TOKENS][LANES];
     int i = 0;
 #ifdef __AVX512F__
-    const float *wf = wv;
     const uint16_t *wb = wv;
     const uint8_t *wq = wv;
-#define W512(i) (kind == ZAYA_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wb + (i)))), 16)) \
-                 : kind == ZAYA_FP8 ? fp8_weights_512(wq + (i), qr) : kind == ZAYA_MXFP4 ? mxfp4_weights_512(wq, qr, (i)) \
-                 : _mm512_loadu_ps(wf + (i)))
+#define W512(i) (kind == ZAYA_FP8 ? fp8_weights_512(wq + (i), qr) : kind == ZAYA_MXFP4 ? mxfp4_weights_512(wq, qr, (i)) \
+                 : float_weights_512(kind, wv, (i)))
     __m512 a[DOT_TOKENS], b[DOT_TOKENS];
     for (int t = 0; t < nt; t++) a[t] = b[t] = _mm512_setzero_ps();
     for (; i + 2 * LANES <= n; i += 2 * LANES) {
@@ -393,10 +397,7 @@ dot_float_pair_n(float *out0, float *out1, const int nt, const void *wv, size_t 
                  size_t x_stride, int n) {
     __m512 a0[PAIR_TOKENS], b0[PAIR_TOKENS], a1[PAIR_TOKENS], b1[PAIR_TOKENS];
     for (int t = 0; t < nt; t++) a0[t] = b0[t] = a1[t] = b1[t] = _mm512_setzero_ps();
-    const float *wf = wv;
-    const uint16_t *wb = wv;
-#define W512(r, i) (kind == ZAYA_BF16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wb + (r) * rows_apart + (i)))), 16)) \
-                    : _mm512_loadu_ps(wf + (r) * rows_apart + (i)))
+#define W512(r, i) float_weights_512(kind, wv, (r) * rows_apart + (i))
     for (int i = 0; i < n; i += 2 * LANES) {
         const __m512 w00 = W512(0, i), w01 = W512(0, i + LANES), w10 = W512(1, i), w11 = W512(1, i + LANES);
         for (int t = 0; t < nt; t++) {

@@ -7,7 +7,8 @@
  *   3. forward() and decoder_layer(): the table of contents, one call per step
  *   4. the decoding state (arch §4) and the public entry points
  * Loading the blob is blob.c; matrix products and attention are calls into kernels.c (threads,
- * SIMD and storage layouts live there); sampling, dumps and the command line are in main.c.
+ * SIMD and storage layouts live there); sampling and the command line are in main.c, --dump in dump.c,
+ * --replay in replay.c, --kld-base in kld.c.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "zaya.h"
@@ -176,10 +177,12 @@ static void cca_projections(const Batch *b, const ZayaLayer *L, const float *h, 
  *             z_t[o] = b1[o] + sum_k sum_i w1[o,i,k] a_{t-t1+1+k}[g*d + i]
  * The conv state then keeps the last K inputs, raw. bf16: a and z each rounded once, their bias
  * inside. u [n, C] -> z [n, C] */
+static int conv_state_len(const ZayaConfig *c) { return (c->cca_time0 - 1) + (c->cca_time1 - 1); }
+
 static void cca_convolutions(const Batch *b, const ZayaLayer *L, float *conv_state, const float *u, float *z) {
     const ZayaConfig *c = b->c;
     const int n = b->n, d = c->head_dim, C = (c->num_heads + c->num_kv_heads) * d;
-    const int t0 = c->cca_time0, t1 = c->cca_time1, K = (t0 - 1) + (t1 - 1);
+    const int t0 = c->cca_time0, t1 = c->cca_time1, K = conv_state_len(c);
     float *seq = b->act->conv_seq, *a = b->act->conv_a, *cols = b->act->conv_cols;
     memcpy(seq, conv_state, sizeof(float) * (size_t)K * C);            /* u_j is row K + j of seq */
     memcpy(seq + (size_t)K * C, u, sizeof(float) * (size_t)n * C);
@@ -467,7 +470,8 @@ static void lm_head(const Batch *b, const ZayaModel *m, const float *f, float *l
         matmul(b->kern, logits, V, &m->embed_tokens, f + (size_t)first * H, H, rows);
         if (m->lm_head_bias) add_bias(logits, V, m->lm_head_bias, V, rows);
         held_rows(b, logits, V, V, rows);
-        const Batch chunk = {b->c, b->act, b->kern, b->tap, b->tap_ctx, b->layer, b->pos + first, rows, b->precision};
+        Batch chunk = *b;
+        chunk.pos += first, chunk.n = rows;
         tap(&chunk, "logits", logits, V, V, 0);
         if (first + rows == b->n) memmove(logits, logits + (size_t)(rows - 1) * V, sizeof(float) * (size_t)V);
     }
@@ -513,8 +517,12 @@ static void lm_output(Batch *b, const ZayaModel *m, ZayaState *s) {
     lm_head(b, m, s->act->h, s->logits);                                        /* §3.18 -> [V] */
 }
 
+static Batch batch_of(const ZayaModel *m, const ZayaState *s, int layer, int n) {
+    return (Batch){&m->config, s->act, s->kernels, s->tap, s->tap_ctx, layer, s->pos, n, s->precision};
+}
+
 static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) {
-    Batch b = {&m->config, s->act, s->kernels, s->tap, s->tap_ctx, -1, s->pos, n, s->precision};
+    Batch b = batch_of(m, s, -1, n);
     embed(&b, m, tokens, s->act->e, s->act->r);                                 /* §3.1  ids -> r [n, H] */
     for (int i = 0; i < m->config.num_layers; i++) decoder_layer(&b, m, s, i);  /* §3.2-3.16, HF ZayaDecoderLayer */
     lm_output(&b, m, s);                                                        /* §3.17-3.18 -> logits [V] */
@@ -524,8 +532,6 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
 /* ---------------------------------------------------------------------------------------------
  * 4. The decoding state (arch §4) and the public entry points
  * ------------------------------------------------------------------------------------------- */
-
-static int conv_state_len(const ZayaConfig *c) { return (c->cca_time0 - 1) + (c->cca_time1 - 1); }
 
 /* The activations' float buffers and their lengths for config c (B = ZAYA_BATCH tokens). */
 #define ACT_BUFFERS 32
@@ -630,18 +636,23 @@ void zaya_state_free(ZayaState *s) {
 
 int zaya_state_threads(const ZayaState *s) { return kernels_threads(s->kernels); }
 
+/* bf16 emulates upstream's bf16 run only: the fork's (legacy layout, passthrough skip) rounds elsewhere. */
+static int check_precision(const ZayaModel *m, const ZayaState *s, char *err, size_t errlen) {
+    if (s->precision == ZAYA_PRECISION_FP32 || (m->source_layout == 0 && s->skip_expert != ZAYA_SKIP_PASSTHROUGH)) return 0;
+    return zaya_fail(err, errlen, "--precision bf16 emulates upstream transformers' bf16 run; this run is Zyphra's "
+                     "fork's (%s)\n  expected: a blob exported from the native layout, --skip-expert zero\n"
+                     "  hint: the fork rounds differently in bf16 (docs/bf16.md); run it in fp32, or export the "
+                     "native checkpoint",
+                     m->source_layout != 0 ? "a legacy-layout blob" : "--skip-expert passthrough");
+}
+
 int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, char *err, size_t errlen) {
     const ZayaConfig *c = &m->config;
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
             return zaya_fail(err, errlen, "token id %d (position %d) is outside the vocabulary\n  expected: 0..%d",
                              tokens[t], s->pos + t, c->vocab_size - 1);
-    if (s->precision != ZAYA_PRECISION_FP32 && (m->source_layout != 0 || s->skip_expert == ZAYA_SKIP_PASSTHROUGH))
-        return zaya_fail(err, errlen, "--precision bf16 emulates upstream transformers' bf16 run; this run is Zyphra's "
-                         "fork's (%s)\n  expected: a blob exported from the native layout, --skip-expert zero\n"
-                         "  hint: the fork rounds differently in bf16 (docs/bf16.md); run it in fp32, or export the "
-                         "native checkpoint",
-                         m->source_layout != 0 ? "a legacy-layout blob" : "--skip-expert passthrough");
+    if (check_precision(m, s, err, errlen) != 0) return -1;
     if (n > s->ctx - s->pos)
         return zaya_fail(err, errlen, "context is full: %d positions used of %d, %d more needed\n"
                          "  hint: start a new conversation or raise --ctx (max %d)", s->pos, s->ctx, n,
@@ -658,12 +669,13 @@ int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *
     if (layer < 0 || layer > c->num_layers)
         return zaya_fail(err, errlen, "replay of layer %d: the model has layers 0..%d (%d = the final norm and LM head)",
                          layer, c->num_layers - 1, c->num_layers);
+    if (check_precision(m, s, err, errlen) != 0) return -1;
     if (n > s->ctx - s->pos)
         return zaya_fail(err, errlen, "replay: %d positions do not fit the context of %d (%d used)\n  hint: raise --ctx",
                          n, s->ctx, s->pos);
     for (int done = 0, cnt; done < n; done += cnt) {
         cnt = n - done < ZAYA_BATCH ? n - done : ZAYA_BATCH;
-        Batch b = {c, s->act, s->kernels, s->tap, s->tap_ctx, layer, s->pos, cnt, s->precision};
+        Batch b = batch_of(m, s, layer, cnt);
         memcpy(s->act->r, r + done * H, sizeof(float) * cnt * H);
         if (layer == c->num_layers) lm_output(&b, m, s);
         else {

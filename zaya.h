@@ -113,10 +113,10 @@ typedef struct {
 } ZayaModel;
 
 /* Maps and validates a blob written by export_weights.py: header, config ranges, every tensor's
- * name, dtype, shape, offset and size against the file size (no data is read before that), then
- * the tokenizer section. flags: ZAYA_LOAD_VERIFY also checks every tensor's CRC-32 (reads the whole
- * file); ZAYA_LOAD_HUGEPAGES copies the file into transparent-huge-page memory instead of using the
- * mmap in place (faster decode, slower load) and, with the AVX-512 VNNI kernels, interleaves the
+ * name, dtype, shape, offset and size against the file size (no tensor data is read before the header
+ * is checked), then the tokenizer section. flags: ZAYA_LOAD_VERIFY also checks every tensor's CRC-32
+ * (reads the whole file); ZAYA_LOAD_HUGEPAGES copies the file into transparent-huge-page memory instead
+ * of using the mmap in place (a copy at load, seconds for GBs) and, with the AVX-512 VNNI kernels, interleaves the
  * int8 matrices' rows there (ZayaMatrix.interleaved_rows; same results). Without it, a blob that fits
  * in RAM is read in at load, in 2 MB pages where the kernel can (blob.c); ZAYA_LOAD_MMAP leaves the
  * pages to be read as they are first used. Returns 0, or -1 with a message in err. */
@@ -168,7 +168,7 @@ typedef struct {
     int precision;            /* ZAYA_PRECISION_FP32 (default), _BF16 or _BF16_TORCH113 */
     ZayaTapFn tap;            /* optional: called with every intermediate tensor */
     void *tap_ctx;
-    float *logits;            /* [V]: logits of the last token run */
+    float *logits;            /* [V]: logits of the last token run (room for a few rows: a tap's batches) */
     struct ZayaActivations *act;   /* the intermediate tensors of a batch of up to ZAYA_BATCH tokens */
     struct Kernels *kernels;
 } ZayaState;
@@ -197,7 +197,7 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
  * at layer 0), replaced by this layer's. layer = num_layers runs the final norm and the LM head on r
  * (rho unused). Taps, caches and precision as zaya_forward (the layer's caches continue from
  * s->pos: zaya_state_reset() first to replay from position 0). Returns 0, or -1 + err when the
- * layer is out of range or the context would overflow. */
+ * layer is out of range, the context would overflow, or the precision is refused as by zaya_forward. */
 int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *r, float *rho, int n, char *err, size_t errlen);
 
 /* Calls fn with the decoding state after the last position: conv state, delayed value and the
