@@ -112,6 +112,11 @@ static float silu_held(const Batch *b, float x) {
     return held(b, silu(x));
 }
 
+/* GELU in place over n values, each result held (the router MLP's activations) */
+static void gelu_held(const Batch *b, float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = held(b, gelu(x[i]));
+}
+
 /* y[t] += bias for the n rows of y (stride floats apart), `len` values each. */
 static void add_bias(float *y, int stride, const float *bias, int len, int n) {
     for (int t = 0; t < n; t++)
@@ -179,11 +184,27 @@ static void cca_projections(const Batch *b, const ZayaLayer *L, const float *h, 
  * inside. u [n, C] -> z [n, C] */
 static int conv_state_len(const ZayaConfig *c) { return (c->cca_time0 - 1) + (c->cca_time1 - 1); }
 
+/* The grouped half of §3.4 from the depthwise outputs a (a_j at row t1 - 1 + j, j = -(t1-1) .. n-1):
+ * token t's a_{t-t1+1+k}[ch] gathered at [ch * t1 + k], then one product. a -> z [n, C] */
+static void conv_qk_grouped(const Batch *b, const ZayaLayer *L, const float *a, float *z) {
+    const ZayaConfig *c = b->c;
+    const int n = b->n, d = c->head_dim, C = (c->num_heads + c->num_kv_heads) * d, t1 = c->cca_time1;
+    float *cols = b->act->conv_cols;
+    for (int t = 0; t < n; t++)
+        for (int ch = 0; ch < C; ch++)
+            for (int k = 0; k < t1; k++) cols[((size_t)t * C + ch) * t1 + k] = a[(size_t)(t + k) * C + ch];
+    const ZayaMatrix grouped = {.dtype = ZAYA_F32, .rows = C, .cols = d * t1, .data = L->conv_qk_grouped_weight};
+    matmul_grouped(b->kern, z, C, &grouped, C / d, cols, C * t1, n);   /* torch's Conv1d(groups=nq+nkv), one product */
+    add_bias(z, C, L->conv_qk_grouped_bias, C, n);
+    held_rows(b, z, C, C, n);
+    tap(b, "self_attn.qkv_proj.conv_qk_grouped", z, C, C, 0);
+}
+
 static void cca_convolutions(const Batch *b, const ZayaLayer *L, float *conv_state, const float *u, float *z) {
     const ZayaConfig *c = b->c;
-    const int n = b->n, d = c->head_dim, C = (c->num_heads + c->num_kv_heads) * d;
+    const int n = b->n, C = (c->num_heads + c->num_kv_heads) * c->head_dim;
     const int t0 = c->cca_time0, t1 = c->cca_time1, K = conv_state_len(c);
-    float *seq = b->act->conv_seq, *a = b->act->conv_a, *cols = b->act->conv_cols;
+    float *seq = b->act->conv_seq, *a = b->act->conv_a;
     memcpy(seq, conv_state, sizeof(float) * (size_t)K * C);            /* u_j is row K + j of seq */
     memcpy(seq + (size_t)K * C, u, sizeof(float) * (size_t)n * C);
     for (int j = -(t1 - 1); j < n; j++)                                  /* a_j is row t1 - 1 + j of a */
@@ -194,14 +215,7 @@ static void cca_convolutions(const Batch *b, const ZayaLayer *L, float *conv_sta
             a[(size_t)(t1 - 1 + j) * C + ch] = held(b, sum);
         }
     tap(b, "self_attn.qkv_proj.conv_qk_depthwise", a + (size_t)(t1 - 1) * C, C, C, 0);
-    for (int t = 0; t < n; t++)   /* token t's a_{t-t1+1+k}[ch] at [ch * t1 + k] */
-        for (int ch = 0; ch < C; ch++)
-            for (int k = 0; k < t1; k++) cols[((size_t)t * C + ch) * t1 + k] = a[(size_t)(t + k) * C + ch];
-    const ZayaMatrix grouped = {.dtype = ZAYA_F32, .rows = C, .cols = d * t1, .data = L->conv_qk_grouped_weight};
-    matmul_grouped(b->kern, z, C, &grouped, C / d, cols, C * t1, n);   /* torch's Conv1d(groups=nq+nkv), one product */
-    add_bias(z, C, L->conv_qk_grouped_bias, C, n);
-    held_rows(b, z, C, C, n);
-    tap(b, "self_attn.qkv_proj.conv_qk_grouped", z, C, C, 0);
+    conv_qk_grouped(b, L, a, z);
     memcpy(conv_state, seq + (size_t)n * C, sizeof(float) * (size_t)K * C);   /* u_{n-K} .. u_{n-1} */
 }
 
@@ -405,9 +419,9 @@ static void router(const Batch *b, const ZayaLayer *L, const float *h, float *rh
     rmsnorm(b, "mlp.gate.router_mlp.norm", act->router_normed, rho, L->router_norm, b->c->router_hidden,
             b->c->router_norm_eps);
     linear(b, "mlp.gate.router_mlp.fc1", act->router_fc1, &L->router_fc1, L->router_fc1_bias, act->router_normed);
-    for (size_t i = 0; i < nR; i++) act->router_fc1[i] = held(b, gelu(act->router_fc1[i]));
+    gelu_held(b, act->router_fc1, nR);
     linear(b, "mlp.gate.router_mlp.fc2", act->router_fc2, &L->router_fc2, L->router_fc2_bias, act->router_fc1);
-    for (size_t i = 0; i < nR; i++) act->router_fc2[i] = held(b, gelu(act->router_fc2[i]));
+    gelu_held(b, act->router_fc2, nR);
     linear(b, "mlp.gate.router_mlp", act->router_logits, &L->router_out_proj, NULL, act->router_fc2);   /* out_proj */
     route(b, L->balancing_biases, act->router_logits, act->router_probs, act->router_scores, expert, weight);
 }

@@ -184,14 +184,7 @@ int main(int argc, char **argv) {
         cca_convolutions(&b, L, ls->conv_state, u, a->z);                                         /* §3.4 */
         compare_rows(i, "conv_qk_depthwise (product, t0 terms)", PRODUCT, a->conv_a, C, dw, C, T + t1 - 1);
         /* the grouped conv again, from the official depthwise outputs */
-        memcpy(a->conv_a, dw, sizeof(float) * (size_t)(T + t1 - 1) * C);
-        for (int t = 0; t < T; t++)
-            for (int ch = 0; ch < C; ch++)
-                for (int k = 0; k < t1; k++) a->conv_cols[((size_t)t * C + ch) * t1 + k] = dw[(size_t)(t + k) * C + ch];
-        const ZayaMatrix grouped = {.dtype = ZAYA_F32, .rows = C, .cols = d * t1, .data = L->conv_qk_grouped_weight};
-        matmul_grouped(b.kern, a->z, C, &grouped, C / d, a->conv_cols, C * t1, T);
-        add_bias(a->z, C, L->conv_qk_grouped_bias, C, T);
-        held_rows(&b, a->z, C, C, T);
+        conv_qk_grouped(&b, L, dw, a->z);
         compare_rows(i, "conv_qk_grouped (product)", PRODUCT, a->z, C, gr, C, T);
         residual_mix(&b, u, a->q_res, a->k_res);                                                  /* §3.5, 3.6 */
         qk_assembly(&b, gr, a->q_res, a->k_res, a->q, a->key);
@@ -235,10 +228,12 @@ int main(int argc, char **argv) {
         compare_rows(i, "router_mlp.norm (norm)", EXACT, a->router_normed, R, rn, R, T);
         linear(&b, "", a->router_fc1, &L->router_fc1, L->router_fc1_bias, rn);
         compare_rows(i, "router fc1 (product)", PRODUCT, a->router_fc1, R, f1, R, T);
-        for (int k = 0; k < T * R; k++) a->router_fc1[k] = held(&b, gelu(f1[k]));
+        memcpy(a->router_fc1, f1, sizeof(float) * T * R);
+        gelu_held(&b, a->router_fc1, (size_t)T * R);
         linear(&b, "", a->router_fc2, &L->router_fc2, L->router_fc2_bias, a->router_fc1);
         compare_rows(i, "GELU + router fc2 (activation, product)", PRODUCT, a->router_fc2, R, f2, R, T);
-        for (int k = 0; k < T * R; k++) a->router_fc2[k] = held(&b, gelu(f2[k]));
+        memcpy(a->router_fc2, f2, sizeof(float) * T * R);
+        gelu_held(&b, a->router_fc2, (size_t)T * R);
         linear(&b, "", a->router_logits, &L->router_out_proj, NULL, a->router_fc2);
         compare_rows(i, "GELU + router out_proj (activation, product)", PRODUCT, a->router_logits, E1, lg, E1, T);
         route(&b, L->balancing_biases, lg, a->router_probs, a->router_scores, a->expert, a->expert_weight);
