@@ -229,11 +229,6 @@ static void learn(Dump *d, const ZayaTap *tap, int state) {
 void dump_learn(void *ctx, const ZayaTap *tap) { learn(ctx, tap, 0); }
 void dump_learn_state(void *ctx, const ZayaTap *tap) { learn(ctx, tap, 1); }
 
-void dump_leave_out(Dump *d, const char *name) {
-    for (int i = 0; i < d->n; i++)
-        if (!strcmp(d->t[i].name, name)) d->t[i].skip = 1;
-}
-
 /* ---- the index (index.json, or the safetensors __metadata__) ---- */
 
 /* `worst`: every number whose value is not known before the run (stats, state shapes, offsets) is

@@ -66,9 +66,6 @@ int dump_open(Dump *d, const char *path, const char *filter, char *err, size_t e
 void dump_learn(void *ctx, const ZayaTap *tap);
 void dump_learn_state(void *ctx, const ZayaTap *tap);
 
-/* Leaves the tensor of this full name out of the dump (after learning, before dump_plan). */
-void dump_leave_out(Dump *d, const char *name);
-
 /* Lays the files out for T positions and creates them (npy headers now; the safetensors data region
  * is reserved behind room for the header). The index fields are kept for dump_finish. */
 int dump_plan(Dump *d, int T, const ZayaModel *m, const char *model_path, int skip_mode, const int *tokens,

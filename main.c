@@ -584,11 +584,16 @@ static void replay(const ZayaModel *m, ZayaState *s, const Options *o, Dump *dum
         len += snprintf(json + len, sizeof json - (size_t)len, "%s%s", i ? ", " : "", info.router_state_from_port[i] ? "true" : "false");
     snprintf(json + len, sizeof json - (size_t)len, "]}");
     dump->replay_json = json;
-    s->tap = dump_learn;   /* the taps of one position; a replay has no embedding and no state tensors */
+    s->tap = dump_learn;   /* the taps of one position of the replay itself: every layer, then the LM head */
     s->tap_ctx = dump;
-    if (zaya_forward(m, s, info.tokens, 1, err, sizeof err) != 0) die("%s", err);
-    dump_leave_out(dump, "model.embed_tokens");
-    dump_leave_out(dump, "model:input_scaled");
+    const int H = m->config.hidden_size, L = m->config.num_layers;
+    float *zero = calloc((size_t)H + (size_t)m->config.router_hidden, sizeof(float));
+    if (!zero) die("out of memory");
+    for (int i = 0; i <= L; i++) {
+        zaya_state_reset(s, m);
+        if (zaya_replay_layer(m, s, i, zero, zero + H, 1, err, sizeof err) != 0) die("%s", err);
+    }
+    free(zero);
     zaya_state_reset(s, m);
     if (dump_plan(dump, info.n_tokens, m, o->model_path, o->skip_expert, info.tokens, err, sizeof err) != 0) die("%s", err);
     s->tap = dump_tap;

@@ -108,14 +108,6 @@ static int read_port_tokens(const char *dir, int **ids, char *err, size_t errlen
     return n;
 }
 
-/* Keeps the tap of one name (the input scaling) while a whole forward() runs. */
-typedef struct { float *x; int H; } Capture;
-static void capture_input(void *ctx, const ZayaTap *tap) {
-    Capture *c = ctx;
-    if (tap->layer < 0 && !strcmp(tap->name, "model:input_scaled"))
-        memcpy(c->x + (size_t)tap->pos * c->H, tap->data, sizeof(float) * (size_t)c->H);
-}
-
 /* Whether the port's dump has a tensor of this name (its .npy file). */
 static int port_has(const char *dir, const char *name) {
     char path[4096], file[512];
@@ -146,25 +138,17 @@ int zaya_replay_run(const ZayaModel *m, ZayaState *s, const char *dir, const Rep
     const ZayaConfig *c = &m->config;
     const int H = c->hidden_size, R = c->router_hidden, L = c->num_layers, T = info->n_tokens;
     err[0] = 0;
-    if (T > s->ctx)
-        return zaya_fail(err, errlen, "replay: the port's dump has %d positions, the context %d\n  hint: raise --ctx (max %d)", T,
-                         s->ctx, c->max_position);
     float *r = info->input_computed ? NULL : read_port_tensor(dir, "model:input_scaled", T, H, err, errlen);
     float *rho = calloc((size_t)T * R + 1, sizeof(float));
     if (!info->input_computed && !r) { free(rho); return -1; }
     if (!rho) { free(r); return zaya_fail(err, errlen, "out of memory"); }
-    if (!r) {   /* layer 0's input from the ids: the embedding and input scaling of zaya.c */
-        Capture cap = {malloc(sizeof(float) * (size_t)T * H + 1), H};
+    if (!r) {   /* layer 0's input from the ids: zaya.c's embedding and input scaling (not a replay tap) */
         ZayaTapFn tap = s->tap;
-        void *tap_ctx = s->tap_ctx;
-        s->tap = capture_input;
-        s->tap_ctx = &cap;
-        zaya_state_reset(s, m);
-        int rc = cap.x ? zaya_forward(m, s, info->tokens, T, err, errlen) : zaya_fail(err, errlen, "out of memory");
+        s->tap = NULL;
+        r = malloc(sizeof(float) * (size_t)T * H + 1);
+        int rc = r ? zaya_embed(m, s, info->tokens, T, r, err, errlen) : zaya_fail(err, errlen, "out of memory");
         s->tap = tap;
-        s->tap_ctx = tap_ctx;
-        if (rc != 0) { free(cap.x); free(rho); return -1; }
-        r = cap.x;
+        if (rc != 0) { free(r); free(rho); return -1; }
     }
     if (log) fprintf(log, "replay: %d positions of %s; layer 0 from %s\n", T, dir,
                      info->input_computed ? "zaya.c's embedding of the ids (the dump has no model:input_scaled)" : "model:input_scaled");

@@ -660,13 +660,17 @@ static int check_precision(const ZayaModel *m, const ZayaState *s, char *err, si
                      m->source_layout != 0 ? "a legacy-layout blob" : "--skip-expert passthrough");
 }
 
+static int check_tokens(const ZayaModel *m, const ZayaState *s, const int *tokens, int n, char *err, size_t errlen) {
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->config.vocab_size)
+            return zaya_fail(err, errlen, "token id %d (position %d) is outside the vocabulary\n  expected: 0..%d",
+                             tokens[t], s->pos + t, m->config.vocab_size - 1);
+    return check_precision(m, s, err, errlen);
+}
+
 int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, char *err, size_t errlen) {
     const ZayaConfig *c = &m->config;
-    for (int t = 0; t < n; t++)
-        if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
-            return zaya_fail(err, errlen, "token id %d (position %d) is outside the vocabulary\n  expected: 0..%d",
-                             tokens[t], s->pos + t, c->vocab_size - 1);
-    if (check_precision(m, s, err, errlen) != 0) return -1;
+    if (check_tokens(m, s, tokens, n, err, errlen) != 0) return -1;
     if (n > s->ctx - s->pos)
         return zaya_fail(err, errlen, "context is full: %d positions used of %d, %d more needed\n"
                          "  hint: start a new conversation or raise --ctx (max %d)", s->pos, s->ctx, n,
@@ -698,6 +702,18 @@ int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *
             memcpy(rho + done * R, s->act->router_state, sizeof(float) * cnt * R);
         }
         s->pos += cnt;
+    }
+    return 0;
+}
+
+int zaya_embed(const ZayaModel *m, ZayaState *s, const int *tokens, int n, float *r, char *err, size_t errlen) {
+    const size_t H = (size_t)m->config.hidden_size;
+    if (check_tokens(m, s, tokens, n, err, errlen) != 0) return -1;
+    for (int done = 0, cnt; done < n; done += cnt) {
+        cnt = n - done < ZAYA_BATCH ? n - done : ZAYA_BATCH;
+        const Batch b = batch_of(m, s, -1, cnt);
+        embed(&b, m, tokens + done, s->act->e, s->act->r);
+        memcpy(r + done * H, s->act->r, sizeof(float) * cnt * H);
     }
     return 0;
 }

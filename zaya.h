@@ -200,6 +200,11 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
  * layer is out of range, the context would overflow, or the precision is refused as by zaya_forward. */
 int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *r, float *rho, int n, char *err, size_t errlen);
 
+/* The input of layer 0 for n token ids: the embedding and the input scaling (arch §3.1, HF
+ * ZayaModel before the layers) into r [n, H], with their taps; s->pos and the caches are left as they
+ * are. Returns 0, or -1 + err for an id outside the vocabulary or a refused precision. */
+int zaya_embed(const ZayaModel *m, ZayaState *s, const int *tokens, int n, float *r, char *err, size_t errlen);
+
 /* Calls fn with the decoding state after the last position: conv state, delayed value and the
  * KV cache of every layer (names in docs/compare.md), row-major with full shapes in tap->shape. */
 void zaya_state_taps(const ZayaModel *m, const ZayaState *s, ZayaTapFn fn, void *ctx);
