@@ -77,6 +77,7 @@ static bool eval_cb(struct ggml_tensor *t, bool ask, void *ud) {
     const bool f32 = t->type == GGML_TYPE_F32, i32 = t->type == GGML_TYPE_I32;
     if (!f32 && !i32) { c->skipped.push_back(std::string(t->name) + " (" + ggml_type_name(t->type) + ")"); return true; }
     const size_t n = (size_t)ggml_nelements(t);
+    if (n == 0) { c->skipped.push_back(std::string(t->name) + " (empty)"); return true; }
     std::vector<char> buf(n * 4);
     if (ggml_is_contiguous(t)) {
         ggml_backend_tensor_get(t, buf.data(), 0, n * 4);
