@@ -15,7 +15,8 @@
 #    the replay (OUT/port-weights-noskip.bin);
 # 4. zaya.c on those weights and ids (OUT/zaya: the end-to-end column) and the layer-local replay of
 #    OUT/port (compare.py --local --model, fp32 like the port; --verbose lists every mapped tap, agreeing
-#    or not). Prints the table and FIRST LOCAL ERROR; exit status that of compare.py (0 agree, 1 a local
+#    or not). Prints the table and FIRST LOCAL ERROR, then which taps agree in every layer and which steps add
+#    error beyond their inputs' (zaya_compare.portmap --steps: a hint where to read the port's code); exit status that of compare.py (0 agree, 1 a local
 #    error, 2 an input error). Defaults: f32 KV cache and no flash attention, so that what differs is the
 #    port's graph rather than llama.cpp's run-time options (--kv f16 / --fa on to see those).
 set -euo pipefail
@@ -96,6 +97,7 @@ set +e
 python3 "$HERE/compare.py" --local "$OUT/port" --model "$BLOB" --replay-out "$OUT/replay" --reference "$OUT/zaya" --verbose $PREC | tee "$OUT/local.txt"
 rc=${PIPESTATUS[0]}
 set -e
+(cd "$HERE" && "$PY" -m zaya_compare.portmap --steps "$OUT/local.txt") | tee -a "$OUT/local.txt"
 if [ -f "$OUT/port/approximate/index.json" ]; then
     (cd "$HERE" && "$PY" -m zaya_compare.portmap --approximate "$OUT/port/approximate" "$OUT/replay_fp32")
 fi

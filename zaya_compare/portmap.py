@@ -484,6 +484,78 @@ def approximate_report(port_dir, replay_dir, log=print):
         log(f"{name:62s} {rel:16.3g}")
 
 
+# Each tap's inputs inside a layer (docs/compare.md §2; "" = the layer's input, which the replay takes from the port)
+DEPS = {
+    "input_layernorm": [""], "self_attn.qkv_proj.q_proj": ["input_layernorm"], "self_attn.qkv_proj.k_proj": ["input_layernorm"],
+    "self_attn.qkv_proj.conv_qk_depthwise": ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj"],
+    "self_attn.qkv_proj.conv_qk_grouped": ["self_attn.qkv_proj.conv_qk_depthwise"],
+    "self_attn.qkv_proj:query_residual": ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj"],
+    "self_attn.qkv_proj:key_residual": ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj"],
+    "self_attn.qkv_proj:query": ["self_attn.qkv_proj.conv_qk_grouped", "self_attn.qkv_proj:query_residual"],
+    "self_attn.qkv_proj:key": ["self_attn.qkv_proj.conv_qk_grouped", "self_attn.qkv_proj:key_residual"],
+    "self_attn.qkv_proj.v_proj_current": ["input_layernorm"], "self_attn.qkv_proj.v_proj_delayed": ["input_layernorm"],
+    "self_attn.qkv_proj:value": ["self_attn.qkv_proj.v_proj_current", "self_attn.qkv_proj.v_proj_delayed"],
+    "self_attn.qk_norm:query": ["self_attn.qkv_proj:query"], "self_attn.qk_norm:key": ["self_attn.qkv_proj:key"],
+    "self_attn:query_after_rope": ["self_attn.qk_norm:query"], "self_attn:key_after_rope": ["self_attn.qk_norm:key"],
+    "self_attn:attn_output": ["self_attn:query_after_rope", "self_attn:key_after_rope", "self_attn.qkv_proj:value"],
+    "self_attn.o_proj": ["self_attn:attn_output"], "post_attention_residual_scale": ["self_attn.o_proj", ""],
+    "post_attention_layernorm": ["post_attention_residual_scale"], "mlp.gate.down_proj": ["post_attention_layernorm"],
+    "mlp.gate:router_state": ["mlp.gate.down_proj"], "mlp.gate.router_mlp.norm": ["mlp.gate:router_state"],
+    "mlp.gate.router_mlp.fc1": ["mlp.gate.router_mlp.norm"], "mlp.gate.router_mlp.fc2": ["mlp.gate.router_mlp.fc1"],
+    "mlp.gate.router_mlp": ["mlp.gate.router_mlp.fc2"], "mlp.gate:router_probs": ["mlp.gate.router_mlp"],
+    "mlp.gate:router_scores": ["mlp.gate:router_probs"], "mlp.gate:router_weight": ["mlp.gate:router_probs"],
+    "mlp.experts": ["post_attention_layernorm", "mlp.gate:router_weight"],
+    "post_mlp_residual_scale": ["mlp.experts", "post_attention_residual_scale"],
+}
+
+
+def step_summary(report_path, jump=3.0, log=print):
+    """From `compare.py --local --verbose`'s report: the taps that agree in every layer, and the steps whose
+    output's local error is `jump` times the largest of their inputs' (DEPS; an input the dump lacks is
+    replaced by its own inputs): where the port's computation adds error, as opposed to taps that only
+    inherit it. A hint beside the verdict, not a verdict."""
+    row = re.compile(r"^\s+model\.layers\.(\d+)[.:](\S+)\s+local\s+(\S+)\s+env\s+\S+\s+tol\s+(\S+)\s+(ok|OUT)$")
+    try:
+        with open(report_path) as f:
+            rows = [m.groups() for m in map(row.match, f) if m]
+    except OSError as e:
+        raise MapError(f"cannot read {report_path}: {e.strerror}")
+    if not rows:
+        raise MapError(f"{report_path}: no per-tap lines (run compare.py --local with --verbose)")
+    taps, layers, verdicts, adds = [], {}, {}, {}
+    for layer, tap, e, tol, verdict in rows:
+        if tap not in taps:
+            taps.append(tap)
+        layers.setdefault(int(layer), {})[tap] = (float(e) if e != "-" else 0.0, float(tol), verdict)
+    for layer, tl in sorted(layers.items()):
+        def inherited(tap, seen=()):
+            if tap == "" or tap in seen:
+                return 0.0
+            if tap in tl:
+                return tl[tap][0]
+            return max([inherited(d, seen + (tap,)) for d in DEPS.get(tap, [])] or [0.0])
+        for tap, (e, tol, verdict) in tl.items():
+            if tap.endswith("router_indices"):
+                continue
+            verdicts.setdefault(tap, []).append(verdict)
+            src = max([inherited(d) for d in DEPS.get(tap, [])] or [0.0])
+            if verdict == "OUT" and e > jump * max(src, tol):
+                adds.setdefault(tap, []).append((layer, e / src if src > tol else None, e))
+    agree = [t for t in taps if verdicts.get(t) and all(v == "ok" for v in verdicts[t])]
+    log("\ntaps that agree in every layer: " + (", ".join(agree) if agree else "none"))
+    log(f"steps that add error (local error > {jump:g}x their inputs' and the tolerance; read the port's code there, "
+        f"later taps inherit it):")
+    for tap in taps:
+        if tap in adds:
+            ls = adds[tap]
+            grow = [g for _, g, _ in ls if g]
+            log(f"  {tap:40s} layers {' '.join(str(x) for x, _, _ in ls):12s} local error {min(e for _, _, e in ls):.2g}"
+                f"..{max(e for _, _, e in ls):.2g}" + (f", x{min(grow):.3g}..x{max(grow):.3g} its inputs'" if grow else
+                                                      ", its inputs agree"))
+    if not adds:
+        log("  none")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m zaya_compare.portmap",
                                  description="a port's raw capture -> a zaya.c dump under HF names, by a name map")
@@ -497,8 +569,13 @@ def main(argv=None):
     ap.add_argument("--verbose", action="store_true", help="list the missing and the unread port tensors")
     ap.add_argument("--approximate", action="store_true", help="MAP is a converted dump's approximate/ folder, RAW "
                     "a replay of it: print their distances (not judged)")
+    ap.add_argument("--steps", action="store_true", help="MAP is compare.py --local --verbose's report: which taps "
+                    "agree everywhere, where an error appears or grows")
     a = ap.parse_args(argv)
     try:
+        if a.steps:
+            step_summary(a.map)
+            return 0
         if a.approximate:
             if not a.raw:
                 raise MapError("--approximate PORT_DUMP/approximate REPLAY_DUMP")
