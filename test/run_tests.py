@@ -28,6 +28,7 @@ TESTS = [
     ("dims", [sys.executable, "test/test_dims.py"]),
     ("bf16", [sys.executable, "test/test_bf16.py"]),
     ("replay", [sys.executable, "test/test_replay.py"]),
+    ("portmap", [sys.executable, "test/test_portmap.py"]),
     ("compare", [sys.executable, "test/test_compare.py"]),
     ("precision", [sys.executable, "test/test_precision.py"]),
     ("formats", [sys.executable, "test/test_formats.py"]),
