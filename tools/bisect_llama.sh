@@ -15,10 +15,11 @@
 #    the replay (OUT/port-weights-noskip.bin);
 # 4. zaya.c on those weights and ids (OUT/zaya: the end-to-end column) and the layer-local replay of
 #    OUT/port (compare.py --local --model, fp32 like the port; --verbose lists every mapped tap, agreeing
-#    or not). Prints the table and FIRST LOCAL ERROR, then which taps agree in every layer and which steps add
-#    error beyond their inputs' (zaya_compare.portmap --steps: a hint where to read the port's code); exit status that of compare.py (0 agree, 1 a local
-#    error, 2 an input error). Defaults: f32 KV cache and no flash attention, so that what differs is the
-#    port's graph rather than llama.cpp's run-time options (--kv f16 / --fa on to see those).
+#    or not). Prints the table and FIRST LOCAL ERROR, then which taps agree in every layer and which steps
+#    add error beyond their inputs' (zaya_compare.portmap --steps: a hint where to read the port's code).
+#    Exit status that of compare.py (0 agree, 1 a local error, 2 an input error).
+# Defaults: f32 KV cache and no flash attention, so that what differs is the port's graph rather than
+# llama.cpp's run-time options (--kv f16 / --fa on to see those).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "bisect_llama: $1" >&2; [ -n "${2:-}" ] && echo "  hint: $2" >&2; exit 2; }
@@ -94,7 +95,7 @@ rm -rf "$OUT/zaya"
 PREC=""; [ "$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('precision','fp32'))" "$MAP")" = bf16 ] && PREC="--bf16"
 echo "+ python3 compare.py --local $OUT/port --model $BLOB --reference $OUT/zaya --verbose $PREC"
 set +e
-python3 "$HERE/compare.py" --local "$OUT/port" --model "$BLOB" --replay-out "$OUT/replay" --reference "$OUT/zaya" --verbose $PREC | tee "$OUT/local.txt"
+"$PY" "$HERE/compare.py" --local "$OUT/port" --model "$BLOB" --replay-out "$OUT/replay" --reference "$OUT/zaya" --verbose $PREC | tee "$OUT/local.txt"
 rc=${PIPESTATUS[0]}
 set -e
 (cd "$HERE" && "$PY" -m zaya_compare.portmap --steps "$OUT/local.txt") | tee -a "$OUT/local.txt"

@@ -43,10 +43,13 @@ import sys
 
 import numpy as np
 
+from .dumps import InputError, file_name
+from .names import GLOBAL_FIRST, GLOBAL_LAST, LAYER_TENSORS
+
 FORMAT = "zaya-portmap/1"
 
 
-class MapError(Exception):
+class MapError(InputError):
     """A usage or input error: printed as a message, exit status 2 (never a traceback)."""
 
 
@@ -315,10 +318,6 @@ def transform(job, dims):
     return np.ascontiguousarray(a.reshape(shape))
 
 
-def file_name(name):
-    return name.replace(":", "~") + ".npy"
-
-
 def stats(a):
     f = a[np.isfinite(a)] if a.dtype.kind == "f" else a
     if f.size == 0:
@@ -346,18 +345,13 @@ def write_dump(folder, tensors, meta):
 
 
 def exec_rank(name):
-    """Sort key: zaya.c's execution order (docs/compare.md §2)."""
-    order = ["model.embed_tokens", "model:input_scaled", "input_layernorm", "q_proj", "k_proj", "conv_qk_depthwise",
-             "conv_qk_grouped", ":query_residual", ":key_residual", "qkv_proj:query", "qkv_proj:key", "v_proj_current",
-             "v_proj_delayed", "qkv_proj:value", "qk_norm:query", "qk_norm:key", "query_after_rope", "key_after_rope",
-             "attn_output", "o_proj", "post_attention_residual_scale", "post_attention_layernorm", "gate.down_proj",
-             "router_state", "router_mlp.norm", "router_mlp.fc1", "router_mlp.fc2", "gate.router_mlp", "router_probs",
-             "router_scores", "router_margin", "router_indices", "router_weight", "mlp.experts",
-             "post_mlp_residual_scale", "model.norm", "logits"]
-    m = re.match(r"^model\.layers\.(\d+)[.:](.*)$", name)
-    layer = int(m.group(1)) if m else (-1 if name.startswith(("model.embed", "model:")) else 1 << 30)
-    rank = next((k for k, s in enumerate(order) if (name.endswith(s) if m else name == s or name.endswith(s))), len(order))
-    return (layer, rank)
+    """Sort key: zaya.c's execution order (docs/compare.md §2, names.py)."""
+    m = re.match(r"^model\.layers\.(\d+)\.(.*)$", name)
+    if m and m.group(2) in LAYER_TENSORS:
+        return (int(m.group(1)), LAYER_TENSORS.index(m.group(2)))
+    if name in GLOBAL_FIRST:
+        return (-1, GLOBAL_FIRST.index(name))
+    return (1 << 30, GLOBAL_LAST.index(name) if name in GLOBAL_LAST else len(GLOBAL_LAST))
 
 
 GGUF_FILE_TYPES = {"0": "F32", "1": "F16", "7": "Q8_0", "32": "BF16", "2": "Q4_0", "3": "Q4_1", "8": "Q5_0", "9": "Q5_1",
