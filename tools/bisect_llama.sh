@@ -75,7 +75,15 @@ if [ "$KEEP_SKIP" = 0 ]; then
     BLOB="$OUT/port-weights-noskip.bin"
 fi
 if [ -n "$PROMPT" ]; then
-    IDS="2,$(printf '%s' "$PROMPT" | "$HERE/zaya" "$BLOB" --encode | tr -s ' \n' ',' | sed 's/,$//')"
+    # like ./zaya -i: the tokenizer's prefix (<bos>) and the text, without the suffix its post-processor appends
+    FULL="$(printf '%s' "$PROMPT" | "$HERE/zaya" "$BLOB" --encode)" || die "./zaya --encode failed" "the blob needs a tokenizer"
+    EMPTY="$(printf '' | "$HERE/zaya" "$BLOB" --encode)"
+    IDS="$("$PY" -c "import sys
+f, e = [list(map(int, s.replace(',', ' ').split())) for s in sys.argv[1:3]]
+n = 0
+while n < len(e) and n < len(f) and e[n] == f[n]: n += 1
+suffix = e[n:]
+print(','.join(map(str, f[:len(f) - len(suffix)] if suffix and f[-len(suffix):] == suffix else f)))" "$FULL" "$EMPTY")"
 fi
 if [ -z "$COMMIT" ]; then
     COMMIT="$(git -C "$LLAMA" rev-parse HEAD 2>/dev/null || "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['port'].get('commit','unknown'))" "$MAP")"
