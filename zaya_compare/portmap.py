@@ -405,7 +405,11 @@ def convert(map_path, raw, out, n_layers=None, given=None, log=print):
     dims = infer_dims(jobs, T, given or {})
     exact, approx = [], []
     for job in jobs:
-        a = transform(job, dims)
+        try:
+            a = transform(job, dims)
+        except ValueError as e:
+            raise MapError(f"{job['port']} ({job['name']}): its shape {job['shape']} cannot be laid out as "
+                           f"{job['entry'].get('axes')!r} -> {job['name']}: {e}\n  hint: check the entry's axes and slice")
         if INT_TARGETS.search(job["name"]):
             if a.dtype.kind == "f" and not np.all(a == np.round(a)):
                 raise MapError(f"{job['port']} ({job['name']}): not integer values")
@@ -595,6 +599,10 @@ def main(argv=None):
         return 0
     except MapError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: cannot apply the map ({type(e).__name__}: {e})\n  hint: check the map and the capture against "
+              f"docs/compare.md §9", file=sys.stderr)
         return 2
 
 
