@@ -285,6 +285,12 @@ rc, text2 = compare("--local", lport, "--model", blob, "--replay-out", os.path.j
 rows2 = {int(ln.split()[0]): ln.split() for ln in text2.splitlines() if ln[:5].strip().isdigit()}
 check(any(rows2[i][2] != f"{T}/{T}" for i in FULL), "with the checkpoint's own biases zaya.c picks the skip class where "
       "the port cannot: a routing difference by design", str(rows2))
+ref12 = os.path.join(OUT, "zaya12")
+rc, _, err = run(["./zaya", noskip, "--ids", ",".join(map(str, CAP_IDS)), "-n", "0", "--dump", ref12])
+rc2, glob = portmap("--globals", lport, ref12)
+check(rc == 0 and rc2 == 0 and re.search(r"model\.embed_tokens\s+rel L2 0, worst row 0: agrees", glob)
+      and re.search(r"model:input_scaled\s+rel L2 0, worst row 0: agrees", glob),
+      "outside the layers: the port's embedding rows and layer 0's input equal zaya.c's bit for bit", err + glob)
 # a map error shows, it does not pass: the value heads read (nkv d) instead of (d nkv) (same sizes)
 with open(LMAP) as f:
     bad_map = json.load(f)

@@ -107,6 +107,7 @@ set +e
 rc=${PIPESTATUS[0]}
 set -e
 (cd "$HERE" && "$PY" -m zaya_compare.portmap --steps "$OUT/local.txt") | tee -a "$OUT/local.txt"
+(cd "$HERE" && "$PY" -m zaya_compare.portmap --globals "$OUT/port" "$OUT/zaya") | tee -a "$OUT/local.txt" || rc=1
 if [ -f "$OUT/port/approximate/index.json" ]; then
     (cd "$HERE" && "$PY" -m zaya_compare.portmap --approximate "$OUT/port/approximate" "$OUT/replay_fp32")
 fi

@@ -554,6 +554,37 @@ def step_summary(report_path, jump=3.0, log=print):
         log("  none")
 
 
+def globals_report(port_dir, ref_dir, log=print):
+    """The taps outside the layers, the port against zaya.c's run of the same ids and weights: the embedding
+    and layer 0's input come before any layer and must agree (fp32 row tolerance); model.norm and logits
+    carry every layer's error end to end (shown, not judged; their local check is the last layer's)."""
+    def index(d):
+        try:
+            with open(os.path.join(d, "index.json")) as f:
+                return {t["name"]: os.path.join(d, t.get("file") or file_name(t["name"])) for t in json.load(f)["tensors"]}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise MapError(f"cannot read the dump {d}: {e}")
+    port, ref = index(port_dir), index(ref_dir)
+    log("\noutside the layers (the port against zaya.c on the same ids and weights):")
+    bad = 0
+    for name, judged in (("model.embed_tokens", True), ("model:input_scaled", True), ("model.norm", False), ("logits", False)):
+        if name not in port or name not in ref:
+            continue
+        a, b = np.load(port[name]).astype(np.float64), np.load(ref[name]).astype(np.float64)
+        if a.shape != b.shape:
+            log(f"  {name:22s} shape {list(a.shape)} vs zaya.c's {list(b.shape)}")
+            continue
+        rel = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+        rows = np.linalg.norm(a - b, axis=-1) / np.maximum(np.linalg.norm(b, axis=-1), 1e-30)
+        if judged:
+            ok = rows.max() <= 1e-5
+            bad += not ok
+            log(f"  {name:22s} rel L2 {rel:.3g}, worst row {rows.max():.3g}: {'agrees' if ok else 'DIFFERS (before any layer)'}")
+        else:
+            log(f"  {name:22s} rel L2 {rel:.3g} end to end (every layer's error; not judged)")
+    return bad
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m zaya_compare.portmap",
                                  description="a port's raw capture -> a zaya.c dump under HF names, by a name map")
@@ -567,10 +598,16 @@ def main(argv=None):
     ap.add_argument("--verbose", action="store_true", help="list the missing and the unread port tensors")
     ap.add_argument("--approximate", action="store_true", help="MAP is a converted dump's approximate/ folder, RAW "
                     "a replay of it: print their distances (not judged)")
+    ap.add_argument("--globals", action="store_true", help="MAP is a converted dump, RAW zaya.c's dump of the same ids "
+                    "and weights: the embedding, layer 0's input, model.norm and logits side by side")
     ap.add_argument("--steps", action="store_true", help="MAP is compare.py --local --verbose's report: which taps "
                     "agree everywhere, where an error appears or grows")
     a = ap.parse_args(argv)
     try:
+        if a.globals:
+            if not a.raw:
+                raise MapError("--globals PORT_DUMP ZAYA_DUMP")
+            return 1 if globals_report(a.map, a.raw) else 0
         if a.steps:
             step_summary(a.map)
             return 0
