@@ -1475,10 +1475,6 @@ def gguf_legacy_config(g, gname_of):
     The GGUF has no sliding windows, no sliding-layer RoPE theta and no cca_time1 key: the port computes
     every layer with full attention; cca_time1 is read from the grouped convolution's shape."""
     a = "zaya."
-    arch = g.kv.get("general.architecture")
-    if arch != "zaya":
-        fail("the GGUF is not a ZAYA model", f"{g.path}: general.architecture", "'zaya'", repr(arch),
-             "export_weights.py reads GGUFs written by llama.cpp's ZAYA port (convert_hf_to_gguf.py, ZayaModel)")
     d = gguf_scalar(g, a + "attention.key_length")
     if g.kv.get(a + "attention.value_length", d) != d:
         fail("the GGUF's key and value head sizes differ", g.path, f"value_length {d}", g.kv[a + "attention.value_length"])
@@ -1543,6 +1539,16 @@ def open_port_gguf(path, tokenizer, log):
         g = gguf.GGUFFile(path)
     except gguf.GGUFError as e:
         raise ExportError(str(e))
+    arch = g.kv.get("general.architecture")
+    if arch != "zaya":
+        fail("the GGUF is not a ZAYA model", f"{g.path}: general.architecture", "'zaya'", repr(arch),
+             "export_weights.py reads GGUFs written by llama.cpp's ZAYA port (convert_hf_to_gguf.py, ZayaModel)")
+    if tokenizer is None:
+        fail("a GGUF needs --tokenizer DIR", path, "--tokenizer with a folder holding tokenizer.json and "
+             "tokenizer_config.json (or .gz)", "no --tokenizer",
+             "give the checkpoint folder the GGUF was converted from (its config.json is then checked against the "
+             "GGUF and supplies the sliding windows the GGUF does not store); the GGUF's own tokenizer.ggml.* "
+             "vocabulary is not read")
     src = GGUFPortTensors(g)
     gname_of = {}
     half = g.kv.get("zaya.block_count")
@@ -1581,12 +1587,6 @@ def open_port_gguf(path, tokenizer, log):
     cfg_path = f"{path} (metadata)"
     notes = []
     ck_cfg = os.path.join(tokenizer, "config.json") if tokenizer else None
-    if tokenizer is None:
-        fail("a GGUF needs --tokenizer DIR", path, "--tokenizer with a folder holding tokenizer.json and "
-             "tokenizer_config.json (or .gz)", "no --tokenizer",
-             "give the checkpoint folder the GGUF was converted from (its config.json is then checked against the "
-             "GGUF and supplies the sliding windows the GGUF does not store); the GGUF's own tokenizer.ggml.* "
-             "vocabulary is not read")
     if os.path.isfile(ck_cfg):
         ck_raw = read_json(ck_cfg, "config.json")
         if not isinstance(ck_raw, dict):

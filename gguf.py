@@ -131,7 +131,9 @@ class GGUFFile:
             if key in self.kv:
                 fail("metadata key stored twice", f"{path}: '{key}'", "unique keys", "a duplicate")
             self.kv[key] = self._value(vt, key)
-            self.kv_types[key] = VT_NAMES[vt] if vt < len(VT_NAMES) else str(vt)
+            self.kv_types[key] = VT_NAMES[vt]
+            if vt == VT_ARRAY:
+                self.kv_types[key] += "[" + VT_NAMES[self._last_array_type] + "]"
         align = self.kv.get("general.alignment", DEFAULT_ALIGNMENT)
         if self.kv_types.get("general.alignment", "uint32") != "uint32" or not (
                 isinstance(align, int) and align > 0 and align & (align - 1) == 0):
@@ -218,6 +220,7 @@ class GGUFFile:
             return self._string(what)
         if vt == VT_ARRAY:
             et, n = self._unpack("<IQ", what)
+            self._last_array_type = et
             if et in SCALAR_FMT:
                 size = struct.calcsize(SCALAR_FMT[et])
                 self._need(n * size, what)
@@ -486,3 +489,44 @@ def dequantize(type_name, raw):
         n = min(CHUNK_BLOCKS, nb - b)
         out.extend(fn(bytes(raw[b * bs:(b + n) * bs]), n))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# A minimal writer (version 3, little-endian), for fixtures: tools/gguf_strip.py and the tests
+# ----------------------------------------------------------------------------------------------
+
+def _pack_value(vt, v):
+    if vt in SCALAR_FMT:
+        return struct.pack("<" + SCALAR_FMT[vt], v)
+    if vt == VT_STRING:
+        b = v.encode("utf-8")
+        return struct.pack("<Q", len(b)) + b
+    raise ValueError(f"cannot write value type {vt}")
+
+
+def write_gguf(path, kv, tensors, alignment=DEFAULT_ALIGNMENT):
+    """kv: [(key, type name as in GGUFFile.kv_types, e.g. 'uint32' or 'array[string]', value)];
+    tensors: [(name, ggml type name, ne in ggml order, raw bytes)]."""
+    vt_of = {n: i for i, n in enumerate(VT_NAMES)}
+    type_id = {n: i for i, n in GGML_TYPE_NAMES.items()}
+    out = [GGUF_MAGIC, struct.pack("<IQQ", 3, len(tensors), len(kv))]
+    for key, tname, v in kv:
+        out.append(_pack_value(VT_STRING, key))
+        if tname.startswith("array["):
+            et = vt_of[tname[6:-1]]
+            out.append(struct.pack("<IIQ", VT_ARRAY, et, len(v)))
+            out.extend(_pack_value(et, x) for x in v)
+        else:
+            out.append(struct.pack("<I", vt_of[tname]) + _pack_value(vt_of[tname], v))
+    offset = 0
+    for name, tname, ne, raw in tensors:
+        out.append(_pack_value(VT_STRING, name) + struct.pack(f"<I{len(ne)}Q", len(ne), *ne)
+                   + struct.pack("<IQ", type_id[tname], offset))
+        offset += -(-len(raw) // alignment) * alignment
+    head = b"".join(out)
+    head += bytes(-len(head) % alignment)
+    with open(path, "wb") as f:
+        f.write(head)
+        for name, tname, ne, raw in tensors:
+            f.write(raw)
+            f.write(bytes(-len(raw) % alignment))

@@ -15,6 +15,11 @@
  *      -Wl,-rpath,$LCPP/build/bin -lm -o build/gguf_fixtures
  * Run:
  *   build/gguf_fixtures test/fixtures/gguf
+ *   build/gguf_fixtures --quantize IN.gguf OUT.gguf TYPE     (TYPE: q4_K, iq4_xs, ... as ggml names them)
+ * The second form is a small stand-in for llama-quantize (whose build here needs AVX-512): every F32 tensor of
+ * 2+ dimensions whose rows are whole blocks of TYPE is quantized with ggml_quantize_chunk (no importance
+ * matrix), except the ones llama-quantize also keeps (ssm_conv1d, ffn_gate_inp, 1-D tensors); the rest is copied.
+ * It links only ggml-base (no CPU-specific code), so it runs on any x86-64.
  */
 #include <math.h>
 #include <stdint.h>
@@ -57,9 +62,62 @@ static void make_rows(float *x) {
     }
 }
 
+static int quantize_file(const char *in, const char *out, const char *type_name) {
+    enum ggml_type type = GGML_TYPE_COUNT;
+    for (int t = 0; t < GGML_TYPE_COUNT; t++) {
+        const struct ggml_type_traits *tr = ggml_get_type_traits((enum ggml_type)t);
+        if (tr->type_name && strcmp(tr->type_name, type_name) == 0 && (tr->from_float_ref || t <= 1 || t == GGML_TYPE_BF16))
+            type = (enum ggml_type)t;
+    }
+    if (type == GGML_TYPE_COUNT) {
+        fprintf(stderr, "unknown type %s\n", type_name);
+        return 2;
+    }
+    struct ggml_context *meta = NULL;
+    struct gguf_init_params ip = { false, &meta };
+    struct gguf_context *g = gguf_init_from_file(in, ip);
+    if (!g) {
+        fprintf(stderr, "cannot read %s\n", in);
+        return 1;
+    }
+    struct gguf_context *o = gguf_init_empty();
+    gguf_set_kv(o, g);
+    int64_t n = gguf_get_n_tensors(g);
+    size_t need = 0;
+    for (int64_t i = 0; i < n; i++)
+        need += ggml_nbytes(ggml_get_tensor(meta, gguf_get_tensor_name(g, i))) + ggml_tensor_overhead() + 64;
+    struct ggml_init_params cp = { need + 1024, NULL, false };
+    struct ggml_context *ctx = ggml_init(cp);
+    int64_t nq = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const char *name = gguf_get_tensor_name(g, i);
+        struct ggml_tensor *t = ggml_get_tensor(meta, name);
+        int keep = t->type != GGML_TYPE_F32 || ggml_n_dims(t) < 2 || t->ne[0] % ggml_blck_size(type) != 0 ||
+                   strstr(name, "ssm_conv1d") || strstr(name, "ffn_gate_inp");
+        struct ggml_tensor *q = ggml_new_tensor(ctx, keep ? t->type : type, GGML_MAX_DIMS, t->ne);
+        ggml_set_name(q, name);
+        if (keep) {
+            memcpy(q->data, t->data, ggml_nbytes(t));
+        } else {
+            ggml_quantize_chunk(type, (const float *)t->data, q->data, 0, ggml_nrows(t), t->ne[0], NULL);
+            nq++;
+        }
+        gguf_add_tensor(o, q);
+    }
+    gguf_set_val_u32(o, "general.file_type", 0);
+    if (!gguf_write_to_file(o, out, false)) {
+        fprintf(stderr, "cannot write %s\n", out);
+        return 1;
+    }
+    printf("%s: %lld of %lld tensors quantized to %s\n", out, (long long)nq, (long long)n, type_name);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[1], "--quantize") == 0)
+        return quantize_file(argv[2], argv[3], argv[4]);
     if (argc != 2) {
-        fprintf(stderr, "usage: %s OUTDIR\n", argv[0]);
+        fprintf(stderr, "usage: %s OUTDIR | --quantize IN.gguf OUT.gguf TYPE\n", argv[0]);
         return 2;
     }
     float x[ROWS * COLS], y[ROWS * COLS];
