@@ -906,6 +906,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
         tok = export_tokenizer.build_tokenizer_section(tok_dir, chat_format)
     except ValueError as e:
         raise ExportError(str(e))
+    if "gguf_n_tokens" in c:
+        check_gguf_tokenizer(c, tok, ckpt, tok_dir)
     if "zaya_layers" in cfg and layout == "legacy":
         layout_note = "ZAYA1-base schema, legacy tensor names"
     else:
@@ -1607,7 +1609,18 @@ def open_port_gguf(path, tokenizer, log):
     for n in notes:
         log("note: " + n)
     log(f"note: tokenizer from {tokenizer}")
+    if isinstance(g.kv.get("tokenizer.ggml.tokens"), list):
+        c["gguf_n_tokens"] = len(g.kv["tokenizer.ggml.tokens"])
     return cfg, cfg_path, where, "legacy", c, tokenizer
+
+
+def check_gguf_tokenizer(c, tok, path, tok_dir):
+    """The tokenizer folder must have as many ids as the GGUF's own vocabulary (tokenizer.ggml.tokens)."""
+    (n,) = struct.unpack_from("<I", tok, 32)
+    if n != c["gguf_n_tokens"]:
+        fail("the tokenizer folder does not match the GGUF's vocabulary", f"{tok_dir} vs {path}",
+             f"{c['gguf_n_tokens']} token ids (tokenizer.ggml.tokens)", f"{n} ids in tokenizer.json",
+             "give --tokenizer the checkpoint folder this GGUF was converted from")
 
 
 def main(argv=None):

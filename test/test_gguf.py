@@ -204,6 +204,17 @@ if check(rc == 0, "the GGUF-alone blob runs", err[-300:]):
     check((lg != first) == sliding, "the GGUF alone computes full attention everywhere (the compact fixture has "
           "sliding layers: its logits differ from the checkpoint's)", f"sliding layers {sliding}, logits equal {lg == first}")
 
+# a tokenizer folder with another vocabulary size than the GGUF's own tokenizer.ggml.tokens
+g = gguf.GGUFFile(path)
+kv = [(k, g.kv_types[k], v) for k, v in g.kv.items()] + [("tokenizer.ggml.tokens", "array[string]", ["x"] * 1000)]
+wrong = os.path.join(OUT, "compact-F32-1000-tokens.gguf")
+gguf.write_gguf(wrong, kv, [(n, t.type, t.ne, bytes(g.raw(n))) for n, t in g.tensors.items()], g.alignment)
+g.close()
+rc, out, err = run([sys.executable, "export_weights.py", wrong, os.path.join(OUT, "x.bin"), "--tokenizer",
+                    need_fixtures("checkpoint_legacy")])
+check(rc == 1 and "does not match the GGUF's vocabulary" in err and "1000 token ids" in err,
+      "a tokenizer folder whose size differs from the GGUF's tokenizer.ggml.tokens is refused", err[-400:])
+
 # a checkpoint whose config.json disagrees with the GGUF's metadata
 bad_dir = os.path.join(OUT, "mismatch")
 os.makedirs(bad_dir, exist_ok=True)
