@@ -7,12 +7,14 @@
 
 Written from ggml's specification (docs/gguf.md of llama.cpp: versions 2 and 3, little-endian) and, for the
 dequantization, from ggml's reference code (dequantize_row_* in ggml/src/ggml-quants.c, block layouts in
-ggml/src/ggml-common.h). Every result is the float32 ggml computes, bit for bit: products and sums are done
-in Python doubles and rounded to float32 after each operation, in ggml's order. One float32 operation on
-two float32 operands computed in double and rounded once to float32 is the correctly rounded float32 result
-(53 >= 2 x 24 + 2 bits), so this equals ggml's scalar code as built without FMA contraction (ggml-base is
-compiled for plain x86-64 / without -ffp-contract across these lines). test/test_gguf.py checks every type
-against values ggml computed (tools/gguf_fixtures.c).
+ggml/src/ggml-common.h). Every result is the float32 ggml computes, bit for bit: each operation is done in a
+Python double and rounded to float32 (array('f')) where ggml's float32 code rounds, in ggml's order. A
+float32 operation computed in double and rounded once is the correctly rounded float32 result (53 >= 2 x 24
++ 2 bits). In these formats every intermediate product is exact in float32 (an fp16 scale times small
+integers; Q6_K's (d * scale) * q is the one product that can round), so each value is one rounding of ggml's
+expression, whether or not a compiler fuses a multiply-add; the order still decides the sign of zeros
+(d * (sc * q) gives -0.0 where ggml gives +0.0), and the tests compare bytes. test/test_gguf.py checks every
+type against values ggml computed (tools/gguf_fixtures.c).
 
 Types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS. Any other
 ggml type is refused by name. Python standard library only; the work is done with bytes.translate, slicing
