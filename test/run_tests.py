@@ -23,6 +23,7 @@ TESTS = [
     ("engine", [sys.executable, "test/test_engine.py"]),
     ("int8", [sys.executable, "test/test_int8.py"]),
     ("quantized", [sys.executable, "test/test_quantized.py"]),
+    ("gguf", [sys.executable, "test/test_gguf.py"]),
     ("cli", [sys.executable, "test/test_cli.py"]),
     ("tokenizer", [sys.executable, "test/test_tokenizer.py"]),
     ("dims", [sys.executable, "test/test_dims.py"]),
