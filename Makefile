@@ -9,7 +9,9 @@ CLI      = dump.c kld.c replay.c
 SRC      = $(LIB) $(CLI) main.c
 HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h dump.h kld.h replay.h
 LIBS     = -pthread -lm
-PYTHON  ?= python3
+# compare.py and the tests need numpy: PYTHON is the first of python3, /usr/bin/python3 that imports it
+NUMPY_HINT = compare.py needs numpy: apt-get install python3-numpy (tried python3 and /usr/bin/python3; or make PYTHON=...)
+PYTHON  ?= $(or $(firstword $(foreach p,python3 /usr/bin/python3,$(shell $(p) -c 'import numpy' >/dev/null 2>&1 && echo $(p)))),python3)
 FIXTURES ?= test/fixtures
 CKPT    ?= $(FIXTURES)/checkpoint_native
 
@@ -55,6 +57,7 @@ build/matmul_rate: bench/matmul_rate.c bench/read_sum.h $(LIB) $(HDR)
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ bench/matmul_rate.c $(LIB) $(LIBS)
 
 test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps
+	@$(PYTHON) -c 'import numpy' 2>/dev/null || { echo "make test: $(NUMPY_HINT)" >&2; exit 1; }
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 
 # the main job on real input: export a hub-format checkpoint (default: the repository's compact fixture,

@@ -13,6 +13,7 @@ batch path (fp32, bf16, int8 with and without huge pages, 1-3 threads); the sani
 import os
 import shutil
 import struct
+import sys
 
 from harness import BUILD, check, finish, need_fixtures, prompt_ids, read_npy, rel_l2, run
 
@@ -123,7 +124,7 @@ for mode, golden in (("zero", "golden"), ("passthrough", "golden_zyphra")):
 # compare.py end to end: our dumps against the official tensors (adapted by fixture_to_dump.py) agree;
 # a dump with one wrong conv value, or with the other skip-expert semantics, is named at the right place
 def compare(test_dir, ref_dir):
-    rc, out, err = run(["python3", "compare.py", test_dir, ref_dir])
+    rc, out, err = run([sys.executable, "compare.py", test_dir, ref_dir])
     first = next((ln for ln in out.splitlines() if ln.startswith("FIRST DIVERGENCE")), "")
     return rc, out + err, first
 

@@ -1,0 +1,111 @@
+"""Tensor names (HF module paths), their execution order, their kinds and tolerances (docs/compare.md).
+
+Standard library only: tools that write dumps (tools/fixture_to_dump.py, tools/golden_hf.py) import
+these lists without numpy.
+
+Tolerances (the same table is in docs/compare.md). Every tensor is compared row by row, one row per
+position (token-major, first axis). For a row a_t (test) and b_t (reference) with n values:
+
+  rowerr_t = ||a_t - b_t||_2 / max(||b_t||_2, FLOOR_REL * rowrms(b), ATOL * sqrt(n))
+
+where rowrms(b) = ||b||_2 / sqrt(T) is the typical row norm of the reference tensor, so a row that is
+tiny compared with its neighbours (or exactly zero) is judged against a floor, not against itself.
+
+  | kind                  | names                                     | fp32/bf16 vs fp32       | int8 vs fp32           |
+  | --------------------- | ----------------------------------------- | ----------------------- | ---------------------- |
+  | activation (default)  | every float tensor not listed below       | rowerr <= 1e-5          | cosine (see below)     |
+  | attention path        | `self_attn:*`, `qk_norm:*`, `o_proj`,     | rowerr <= 3e-5          | cosine                 |
+  |                       | the K/V caches                            |                         |                        |
+  | router                | `mlp.gate.*`, `mlp.gate:*` floats         | rowerr <= 3e-5          | cosine                 |
+  | logits                | `logits` (full or `logits:topK_values`)   | max abs <= 1e-3 per row | cosine; against a top-k|
+  |                       |                                           |                         | reference max abs 0.1  |
+  | integer               | `router_indices`, any int32 tensor        | exact                   | exact                  |
+
+int8 "cosine": the whole tensor's cosine >= COS_INT8 = 0.999 and every row's >= COS_INT8_ROW = 0.995
+(when the tensor is below 0.999, its rows below 0.999 are the bad ones); rows explained by a routing
+flip are left out of the tensor cosine.
+FLOOR_REL = 0.1 and ATOL = 1e-6 for every float kind. `--tol-scale X` multiplies every rtol, ATOL, the
+logits max abs and (1 - cosine gate) by X. A router_indices disagreement is a routing flip: the
+reference's top-1 margin (best minus second-best biased router score, from its `:router_scores` or
+`:router_margin`) below NEAR_TIE = 0.02 makes it a near-tie (allowed; downstream rows of that position,
+and of later positions in later layers, are reported as "after routing flip (near-tie)"), otherwise BUG.
+NMSE here is sum((a-b)^2) / sum(b^2) (= relative L2 squared); llama.cpp's scripts report MSE / Var(b).
+"""
+import re
+
+# ------------------------------------------------------------------------------------------------
+# Tolerances (the table above; docs/compare.md)
+
+FLOOR_REL = 0.1     # a row's error is relative to at least 10% of the tensor's typical row norm
+ATOL = 1e-6         # ... and to at least ATOL * sqrt(n) (all-zero tensors)
+NEAR_TIE = 0.02     # routing flips below this reference margin are near-ties
+COS_INT8 = 0.999    # int8 weights vs fp32: minimum cosine of the whole tensor ...
+COS_INT8_ROW = 0.995  # ... and of every row (position)
+LOGITS_ATOL = 1e-3  # fp32: max |a-b| per logits row
+LOGITS_TOPK_ATOL_INT8 = 0.1  # int8 vs a top-k-only reference: max |a-b| over the reference's top-k
+
+# (kind, regex on the name, rtol for fp32 vs fp32); the first match wins
+KINDS = [
+    ("attention", re.compile(r"(self_attn:|qk_norm:|self_attn\.o_proj$)"), 3e-5),
+    ("router", re.compile(r"\.mlp\.gate[.:]"), 3e-5),
+    ("activation", re.compile(r""), 1e-5),
+]
+STATE_SUFFIXES = (":conv_state", ":delayed_value_state", ":key_cache", ":value_cache")
+LAYER_RE = re.compile(r"^model\.layers\.(\d+)[.:]")
+TOPK_RE = re.compile(r"^logits:top(\d+)_(ids|values)$")
+
+# ------------------------------------------------------------------------------------------------
+# Tensor names in execution order (docs/compare.md). Writers use these lists; compare.py itself
+# follows the order of the reference's index.json.
+
+GLOBAL_FIRST = ["model.embed_tokens", "model:input_scaled"]
+LAYER_TENSORS = [
+    "input_layernorm",
+    "self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj",
+    "self_attn.qkv_proj.conv_qk_depthwise", "self_attn.qkv_proj.conv_qk_grouped",
+    "self_attn.qkv_proj:query_residual", "self_attn.qkv_proj:key_residual",
+    "self_attn.qkv_proj:query", "self_attn.qkv_proj:key",
+    "self_attn.qkv_proj.v_proj_current", "self_attn.qkv_proj.v_proj_delayed", "self_attn.qkv_proj:value",
+    "self_attn.qk_norm:query", "self_attn.qk_norm:key",
+    "self_attn:query_after_rope", "self_attn:key_after_rope", "self_attn:attn_output",
+    "self_attn.o_proj", "post_attention_residual_scale", "post_attention_layernorm",
+    "mlp.gate.down_proj", "mlp.gate:router_state", "mlp.gate.router_mlp.norm",
+    "mlp.gate.router_mlp.fc1", "mlp.gate.router_mlp.fc2", "mlp.gate.router_mlp",
+    "mlp.gate:router_probs", "mlp.gate:router_scores", "mlp.gate:router_margin",
+    "mlp.gate.router_indices", "mlp.gate:router_weight", "mlp.experts", "post_mlp_residual_scale",
+]
+GLOBAL_LAST = ["model.norm", "logits"]
+LAYER_STATE = ["self_attn.qkv_proj:conv_state", "self_attn.qkv_proj:delayed_value_state",
+               "self_attn:key_cache", "self_attn:value_cache"]
+LAYER_OUTPUT = "post_mlp_residual_scale"
+
+
+def execution_order(n_layers):
+    """Every tensor name a full dump of an n_layers model holds, in execution order."""
+    names = list(GLOBAL_FIRST)
+    for i in range(n_layers):
+        names += [f"model.layers.{i}.{s}" for s in LAYER_TENSORS]
+    names += GLOBAL_LAST
+    for i in range(n_layers):
+        names += [f"model.layers.{i}.{s}" for s in LAYER_STATE]
+    return names
+
+
+def kind_of(name):
+    """(kind, rtol for fp32 vs fp32) of a tensor name."""
+    if name == "logits" or TOPK_RE.match(name):
+        return "logits", LOGITS_ATOL
+    for kind, rx, rtol in KINDS:
+        if rx.search(name):
+            return kind, rtol
+    return "activation", 1e-5
+
+
+def layer_of(name):
+    """The layer index of a model.layers.N tensor, else None."""
+    m = LAYER_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def is_logits(name):
+    return name == "logits" or bool(TOPK_RE.match(name))
