@@ -268,7 +268,8 @@ static void write_weight_format(FILE *f, const Dump *d) {
 
 static const char *skip_name(const Dump *d) { return d->skip_mode == ZAYA_SKIP_PASSTHROUGH ? "passthrough" : "zero"; }
 static const char *precision_name(const Dump *d) {
-    return d->precision == ZAYA_PRECISION_BF16 ? "bf16" : d->precision == ZAYA_PRECISION_BF16_TORCH113 ? "bf16-torch1.13" : "fp32";
+    static char name[96];
+    return zaya_precision_name(d->precision, d->placement, name, sizeof name);
 }
 
 static void write_tokens(FILE *f, const Dump *d) {

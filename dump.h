@@ -53,6 +53,7 @@ typedef struct {
     int skip_mode;
     const int *tokens;
     int precision;           /* ZAYA_PRECISION_*: recorded in the index unless fp32 */
+    int placement;           /* ZAYA_BF16_* flags, recorded with the precision */
     const char *replay_json; /* a replay's "replay" object (JSON text), or NULL */
     char err[1024];          /* the first error of a tap callback ("" = none) */
 } Dump;

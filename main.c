@@ -121,6 +121,8 @@ static void usage(FILE *f) {
           "  --skip-expert zero|passthrough   skip-expert output: upstream zero (default) or Zyphra fork\n"
           "  --precision fp32|bf16|bf16-torch1.13   round as the official run in float32 (default) or loaded in\n"
           "                     bfloat16 (current torch; torch 1.13, the fixtures' torch); docs/bf16.md\n"
+          "                     bf16[+fp32-residual][+fp32-norm][+fp32-logits]: other engines' placements (vLLM:\n"
+          "                     bf16+fp32-residual+fp32-norm; +fp32-logits its fp32 LM head)\n"
           "  --ctx N            context length (default min(4096, max_position_embeddings))\n"
           "  --threads N        threads (default: the cores this process may use; results are identical for any number)\n"
           "  --batch N          prompt tokens per batch, 1..256 (default 256; results are identical)\n"
@@ -211,7 +213,7 @@ static float parse_float(const char *flag, const char *v, float lo, float hi) {
 typedef struct {
     const char *model_path, *prompt, *ids, *dump_dir, *dump_filter, *replay_dir, *system_prompt, *decode_ids, *mode;
     const char *kld_base, *corpus;
-    int steps, steps_given, print_ids, skip_expert, precision, ctx, threads, batch, verify, hugepages, mmap, list_taps, encode, no_think;
+    int steps, steps_given, print_ids, skip_expert, precision, placement, ctx, threads, batch, verify, hugepages, mmap, list_taps, encode, no_think;
     int chunks;
     int trace_pos, trace_layer;
     float temperature, topp;
@@ -271,11 +273,8 @@ static Options parse_args(int argc, char **argv) {
             else if (!strcmp(v, "passthrough")) o.skip_expert = ZAYA_SKIP_PASSTHROUGH;
             else die("bad value for --skip-expert: \"%s\"\n  expected: zero (upstream transformers/vLLM) or passthrough (Zyphra's fork)", v);
         } else if (!strcmp(a, "--precision")) {
-            if (!strcmp(v, "fp32")) o.precision = ZAYA_PRECISION_FP32;
-            else if (!strcmp(v, "bf16")) o.precision = ZAYA_PRECISION_BF16;
-            else if (!strcmp(v, "bf16-torch1.13")) o.precision = ZAYA_PRECISION_BF16_TORCH113;
-            else die("bad value for --precision: \"%s\"\n  expected: fp32 (default), bf16 (the official code loaded in bfloat16) "
-                     "or bf16-torch1.13 (the same with torch 1.13's rounding, as the fixtures were made)", v);
+            char why[512];
+            if (zaya_parse_precision(v, &o.precision, &o.placement, why, sizeof why) != 0) die("--precision: %s", why);
         } else if (!strcmp(a, "--ctx")) o.ctx = (int)parse_int(a, v, 1, 1 << 30);
         else if (!strcmp(a, "--threads")) o.threads = (int)parse_int(a, v, 1, 1024);
         else if (!strcmp(a, "--batch")) o.batch = (int)parse_int(a, v, 1, ZAYA_BATCH);
@@ -647,6 +646,7 @@ int main(int argc, char **argv) {
         if (zaya_state_init(&s, &m, n_ctx, o.threads, err, sizeof err) != 0) die("%s", err);
         s.skip_expert = o.skip_expert;
         s.precision = o.precision;
+        s.placement = o.placement;
         if (o.batch) s.batch = o.batch;
         t0 = now_s();
         if (zaya_kld_base(&m, &s, o.corpus, o.kld_base, n_ctx, o.chunks, stdout, stderr, err, sizeof err) != 0) die("%s", err);
@@ -665,6 +665,7 @@ int main(int argc, char **argv) {
         if (!prompt && !o.replay_dir) die("--dump needs a prompt: --ids 2,818,... or -i TEXT");
         if (dump_open(&dump, o.dump_dir, o.dump_filter, err, sizeof err) != 0) die("%s", err);
         dump.precision = o.precision;
+        dump.placement = o.placement;
     }
     int ctx = o.ctx ? o.ctx : (c->max_position < 4096 ? c->max_position : 4096);
     if (ctx > c->max_position) die("--ctx %d is larger than the model's max_position_embeddings %d", ctx, c->max_position);
@@ -675,6 +676,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "threads: %d%s\n", zaya_state_threads(&s), o.threads ? "" : " (the cores this process may use; --threads N to change)");
     s.skip_expert = o.skip_expert;
     s.precision = o.precision;
+    s.placement = o.placement;
     if (o.batch) s.batch = o.batch;
     if (o.list_taps) { list_taps(&m, &s); zaya_state_free(&s); zaya_free(&m); return 0; }
     if (o.replay_dir) { replay(&m, &s, &o, &dump); zaya_state_free(&s); zaya_free(&m); return 0; }

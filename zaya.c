@@ -61,12 +61,17 @@ typedef struct {
     void *tap_ctx;
     int layer, pos, n;
     int precision;              /* ZAYA_PRECISION_*: where the official run holds bf16 tensors */
+    int placement;              /* ZAYA_BF16_* flags: steps another bf16 engine computes in float32 */
 } Batch;
 
 /* x as the official code holds it: with --precision bf16 that tensor is bfloat16 in the official run,
  * so x is rounded (to nearest, ties to even); in float32 x is unchanged. Each call is a rounding
  * point of docs/bf16.md. */
 static float held(const Batch *b, float x) { return b->precision != ZAYA_PRECISION_FP32 ? zaya_round_bf16(x) : x; }
+
+/* A rounding point of the official bf16 run that the placement flag `moved` computes in float32
+ * (zaya.h: ZAYA_BF16_FP32_RESIDUAL, _NORM, _LOGITS): x unchanged when this run has the flag, else held. */
+static float held_unless(const Batch *b, int moved, float x) { return b->placement & moved ? x : held(b, x); }
 
 /* The same for n values x[t * stride + i], i < len, t < n (a product's output rows). */
 static void held_rows(const Batch *b, float *x, int stride, int len, int n) {
@@ -125,7 +130,7 @@ static void add_bias(float *y, int stride, const float *bias, int len, int n) {
 
 /* §3.1 HF ZayaModel.forward: e = embed_tokens[id]; r = (e + input_hidden_states_bias) *
  * input_hidden_states_scale, no sqrt(H) factor; bf16: e, the sum and the product are bf16, then r
- * is kept float32 (the residual stream). ids [n] -> r [n, H] */
+ * is kept float32 (the residual stream); ZAYA_BF16_FP32_RESIDUAL: the sum and product float32. ids [n] -> r [n, H] */
 static void embed(const Batch *b, const ZayaModel *m, const int *tokens, float *e, float *r) {
     const int H = b->c->hidden_size;
     for (int t = 0; t < b->n; t++) matrix_row(&m->embed_tokens, tokens[t], e + (size_t)t * H);
@@ -133,24 +138,37 @@ static void embed(const Batch *b, const ZayaModel *m, const int *tokens, float *
     tap(b, "model.embed_tokens", e, H, H, 0);
     for (int t = 0; t < b->n; t++)
         for (int i = 0; i < H; i++) {
-            const float sum = held(b, e[(size_t)t * H + i] + m->input_hidden_states_bias[i]);
-            r[(size_t)t * H + i] = held(b, sum * m->input_hidden_states_scale[i]);
+            const float sum = held_unless(b, ZAYA_BF16_FP32_RESIDUAL, e[(size_t)t * H + i] + m->input_hidden_states_bias[i]);
+            r[(size_t)t * H + i] = held_unless(b, ZAYA_BF16_FP32_RESIDUAL, sum * m->input_hidden_states_scale[i]);
         }
     tap(b, "model:input_scaled", r, H, H, 0);
 }
 
 /* §3.2 (and 3.13, 3.14, 3.17) HF ZayaRMSNorm: out = w * (x / sqrt(mean(x^2) + eps)), the weight
  * itself (not 1+w); bf16: the input rounded (the residual stream is float32), the statistics in
- * float32, x / rms rounded before the weight, the product rounded. [n, dim] -> [n, dim] */
-static void rmsnorm(const Batch *b, const char *name, float *out, const float *x, const float *w, int dim, float eps) {
+ * float32, x / rms rounded before the weight, the product rounded. `moved`: the placement flag that
+ * computes this norm in float32 with one rounding of its output (ZAYA_BF16_FP32_NORM for the norms of
+ * the residual stream, 0 for the router's). [n, dim] -> [n, dim] */
+static void rmsnorm_placed(const Batch *b, int moved, const char *name, float *out, const float *x, const float *w,
+                           int dim, float eps) {
     for (int t = 0; t < b->n; t++) {
         const float *xt = x + (size_t)t * dim;
         float *o = out + (size_t)t * dim, ss = 0.0f;
-        for (int i = 0; i < dim; i++) ss += held(b, xt[i]) * held(b, xt[i]);
+        for (int i = 0; i < dim; i++) ss += held_unless(b, moved, xt[i]) * held_unless(b, moved, xt[i]);
         const float inv_rms = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int i = 0; i < dim; i++) o[i] = held(b, w[i] * held(b, held(b, xt[i]) * inv_rms));
+        for (int i = 0; i < dim; i++) o[i] = held(b, w[i] * held_unless(b, moved, held_unless(b, moved, xt[i]) * inv_rms));
     }
     tap(b, name, out, dim, dim, 0);
+}
+
+/* The router's norm (its input is the bf16 EDA state): the official placement in every bf16 engine. */
+static void rmsnorm(const Batch *b, const char *name, float *out, const float *x, const float *w, int dim, float eps) {
+    rmsnorm_placed(b, 0, name, out, x, w, dim, eps);
+}
+
+/* The norms of the float32 residual stream (input, post-attention, final). */
+static void residual_norm(const Batch *b, const char *name, float *out, const float *r, const float *w, int dim, float eps) {
+    rmsnorm_placed(b, ZAYA_BF16_FP32_NORM, name, out, r, w, dim, eps);
 }
 
 /* HF nn.Linear: y = W x (+ bias) for each token; bf16: accumulated in float32, rounded once with
@@ -361,15 +379,16 @@ static void self_attention(const Batch *b, int type, ZayaLayerState *ls, const f
 }
 
 /* §3.12 and 3.16 HF ZayaResidualScaling: r = (branch + hidden_states_bias) * hidden_states_scale +
- * (r + residual_bias) * residual_scale; bf16: the branch's sum and product rounded, the residual's
- * side and the total float32 (the residual stream). In place on r [n, H] */
+ * (r + residual_bias) * residual_scale; bf16: the branch's sum and product rounded (float32 with
+ * ZAYA_BF16_FP32_RESIDUAL), the residual's side and the total float32 (the residual stream). In place on r [n, H] */
 static void residual_scaling(const Batch *b, const char *name, float *r, const float *branch,
                              const ZayaResidualScale *p) {
     const int H = b->c->hidden_size;
     for (int t = 0; t < b->n; t++)
         for (int i = 0; i < H; i++) {
             const size_t at = (size_t)t * H + i;
-            r[at] = held(b, held(b, branch[at] + p->hidden_states_bias[i]) * p->hidden_states_scale[i]) +
+            const float sum = held_unless(b, ZAYA_BF16_FP32_RESIDUAL, branch[at] + p->hidden_states_bias[i]);
+            r[at] = held_unless(b, ZAYA_BF16_FP32_RESIDUAL, sum * p->hidden_states_scale[i]) +
                     (r[at] + p->residual_bias[i]) * p->residual_scale[i];
         }
     tap(b, name, r, H, H, 0);
@@ -475,7 +494,7 @@ static void experts(const Batch *b, const ZayaLayer *L, int skip_mode, const flo
 #define LOGIT_ROWS 8
 
 /* §3.18 HF ZayaForCausalLM.lm_head, tied to embed_tokens: logits = embed_tokens f (+ lm_head bias);
- * bf16: rounded once. The last token's logits end in logits[0, V); with a tap, every token's are
+ * bf16: rounded once (not with ZAYA_BF16_FP32_LOGITS). The last token's logits end in logits[0, V); with a tap, every token's are
  * computed and reported. f [n, H] -> [V] */
 static void lm_head(const Batch *b, const ZayaModel *m, const float *f, float *logits) {
     const int V = b->c->vocab_size, H = b->c->hidden_size;
@@ -483,7 +502,7 @@ static void lm_head(const Batch *b, const ZayaModel *m, const float *f, float *l
         rows = b->n - first < LOGIT_ROWS ? b->n - first : LOGIT_ROWS;
         matmul(b->kern, logits, V, &m->embed_tokens, f + (size_t)first * H, H, rows);
         if (m->lm_head_bias) add_bias(logits, V, m->lm_head_bias, V, rows);
-        held_rows(b, logits, V, V, rows);
+        if (!(b->placement & ZAYA_BF16_FP32_LOGITS)) held_rows(b, logits, V, V, rows);
         Batch chunk = *b;
         chunk.pos += first, chunk.n = rows;
         tap(&chunk, "logits", logits, V, V, 0);
@@ -505,7 +524,7 @@ static void decoder_layer(Batch *b, const ZayaModel *m, ZayaState *s, int i) {
     const int H = c->hidden_size;
     const float eps = c->rms_norm_eps;
     b->layer = i;
-    rmsnorm(b, "input_layernorm", a->h, a->r, L->input_layernorm, H, eps);        /* §3.2  [n, H] */
+    residual_norm(b, "input_layernorm", a->h, a->r, L->input_layernorm, H, eps);        /* §3.2  [n, H] */
     cca_projections(b, L, a->h, a->u);                                          /* §3.3  -> u [n, C] */
     cca_convolutions(b, L, ls->conv_state, a->u, a->z);                         /* §3.4  -> z [n, C] */
     residual_mix(b, a->u, a->q_res, a->k_res);                                  /* §3.5  -> [n, nq|nkv, d] */
@@ -517,7 +536,7 @@ static void decoder_layer(Batch *b, const ZayaModel *m, ZayaState *s, int i) {
     linear(b, "self_attn.o_proj", a->branch, &L->o_proj, L->o_proj_bias, a->attn_out);  /* §3.11 -> [n, H] */
     residual_scaling(b, "post_attention_residual_scale", a->r, a->branch,
                      &L->post_attention_residual_scale);                        /* §3.12 */
-    rmsnorm(b, "post_attention_layernorm", a->h, a->r, L->post_attention_layernorm, H, eps);      /* §3.13 */
+    residual_norm(b, "post_attention_layernorm", a->h, a->r, L->post_attention_layernorm, H, eps);      /* §3.13 */
     router(b, L, a->h, a->router_state, a->expert, a->expert_weight);           /* §3.14 -> class, weight [n] */
     experts(b, L, s->skip_expert, a->h, a->expert, a->expert_weight, a->branch);  /* §3.15 -> [n, H] */
     residual_scaling(b, "post_mlp_residual_scale", a->r, a->branch, &L->post_mlp_residual_scale);     /* §3.16 */
@@ -527,12 +546,12 @@ static void decoder_layer(Batch *b, const ZayaModel *m, ZayaState *s, int i) {
 static void lm_output(Batch *b, const ZayaModel *m, ZayaState *s) {
     const ZayaConfig *c = &m->config;
     b->layer = -1;
-    rmsnorm(b, "model.norm", s->act->h, s->act->r, m->norm, c->hidden_size, c->rms_norm_eps);   /* §3.17 */
+    residual_norm(b, "model.norm", s->act->h, s->act->r, m->norm, c->hidden_size, c->rms_norm_eps);   /* §3.17 */
     lm_head(b, m, s->act->h, s->logits);                                        /* §3.18 -> [V] */
 }
 
 static Batch batch_of(const ZayaModel *m, const ZayaState *s, int layer, int n) {
-    return (Batch){&m->config, s->act, s->kernels, s->tap, s->tap_ctx, layer, s->pos, n, s->precision};
+    return (Batch){&m->config, s->act, s->kernels, s->tap, s->tap_ctx, layer, s->pos, n, s->precision, s->placement};
 }
 
 static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) {
@@ -650,8 +669,48 @@ void zaya_state_free(ZayaState *s) {
 
 int zaya_state_threads(const ZayaState *s) { return kernels_threads(s->kernels); }
 
+static const char *const placement_names[] = {"fp32-residual", "fp32-norm", "fp32-logits"};   /* bit k: 1 << k */
+
+int zaya_parse_precision(const char *text, int *precision, int *placement, char *err, size_t errlen) {
+    const char *plus = strchr(text, '+');
+    const size_t base = plus ? (size_t)(plus - text) : strlen(text);
+    *placement = 0;
+    if (base == 4 && !strncmp(text, "fp32", 4)) *precision = ZAYA_PRECISION_FP32;
+    else if (base == 4 && !strncmp(text, "bf16", 4)) *precision = ZAYA_PRECISION_BF16;
+    else if (base == 14 && !strncmp(text, "bf16-torch1.13", 14)) *precision = ZAYA_PRECISION_BF16_TORCH113;
+    else
+        return zaya_fail(err, errlen, "bad precision \"%s\"\n  expected: fp32 (default), bf16 (the official code loaded in "
+                         "bfloat16), bf16-torch1.13 (the same with torch 1.13's rounding, as the fixtures were made), a bf16 "
+                         "one followed by placements: bf16+fp32-residual+fp32-norm (vLLM), +fp32-logits (docs/bf16.md)", text);
+    for (const char *p = plus; p; p = strchr(p + 1, '+')) {
+        const char *end = strchr(p + 1, '+');
+        const size_t len = end ? (size_t)(end - p - 1) : strlen(p + 1);
+        int k = 0;
+        while (k < 3 && !(strlen(placement_names[k]) == len && !strncmp(p + 1, placement_names[k], len))) k++;
+        if (k == 3)
+            return zaya_fail(err, errlen, "bad placement \"%.*s\" in precision \"%s\"\n  expected: fp32-residual, "
+                             "fp32-norm or fp32-logits after a bf16 precision (docs/bf16.md)", (int)len, p + 1, text);
+        *placement |= 1 << k;
+    }
+    if (*placement && *precision == ZAYA_PRECISION_FP32)
+        return zaya_fail(err, errlen, "precision \"%s\": a placement moves bf16 rounding points to float32; fp32 has none\n"
+                         "  hint: bf16+... or bf16-torch1.13+...", text);
+    return 0;
+}
+
+const char *zaya_precision_name(int precision, int placement, char *buf, size_t len) {
+    const char *base = precision == ZAYA_PRECISION_BF16 ? "bf16" : precision == ZAYA_PRECISION_BF16_TORCH113 ? "bf16-torch1.13" : "fp32";
+    int at = snprintf(buf, len, "%s", base);
+    for (int k = 0; k < 3; k++)
+        if (placement & 1 << k && at >= 0 && (size_t)at < len) at += snprintf(buf + at, len - (size_t)at, "+%s", placement_names[k]);
+    return buf;
+}
+
 /* bf16 emulates upstream's bf16 run only: the fork's (legacy layout, passthrough skip) rounds elsewhere. */
 static int check_precision(const ZayaModel *m, const ZayaState *s, char *err, size_t errlen) {
+    if (s->placement && s->precision == ZAYA_PRECISION_FP32)
+        return zaya_fail(err, errlen, "bf16 placement flags %d with the fp32 precision\n  hint: placements apply to bf16 runs",
+                         s->placement);
     if (s->precision == ZAYA_PRECISION_FP32 || (m->source_layout == 0 && s->skip_expert != ZAYA_SKIP_PASSTHROUGH)) return 0;
     return zaya_fail(err, errlen, "--precision bf16 emulates upstream transformers' bf16 run; this run is Zyphra's "
                      "fork's (%s)\n  expected: a blob exported from the native layout, --skip-expert zero\n"

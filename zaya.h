@@ -31,6 +31,24 @@ enum { ZAYA_HYBRID = 0, ZAYA_HYBRID_SLIDING = 1 };
  * bf16 before they multiply a tensor, SiLU rounded at each of its steps, qk-norm's norm summed in bf16). */
 enum { ZAYA_PRECISION_FP32 = 0, ZAYA_PRECISION_BF16 = 1, ZAYA_PRECISION_BF16_TORCH113 = 2 };
 
+/* Placements (ZayaState.placement, a sum of flags; bf16 precisions only): other legitimate bf16 engines
+ * compute some steps of the official bf16 run in float32 (docs/bf16.md, "Other placements"). Each flag
+ * moves these rounding points, and only these, to float32:
+ *   FP32_RESIDUAL  the input scaling and both residual scalings: the branch's bias add and scale are not
+ *                  rounded (vLLM's and SGLang's ZayaResidualScaling: `hidden_states.float() + bias`);
+ *   FP32_NORM      the RMSNorms of the residual stream (input, post-attention, final): the float32
+ *                  residual is not rounded before them, x / rms is not rounded before the weight, the
+ *                  output is rounded once (vLLM's RMSNorm.forward_native on the float32 residual);
+ *   FP32_LOGITS    the LM head's output is not rounded (vLLM's zaya_high_prec: out_dtype float32).
+ * vLLM = bf16 + FP32_RESIDUAL + FP32_NORM (+ FP32_LOGITS with zaya_high_prec). */
+enum { ZAYA_BF16_FP32_RESIDUAL = 1, ZAYA_BF16_FP32_NORM = 2, ZAYA_BF16_FP32_LOGITS = 4 };
+
+/* "fp32", "bf16", "bf16-torch1.13", each bf16 one optionally followed by placements:
+ * "bf16+fp32-residual+fp32-norm+fp32-logits". Returns 0, or -1 with a message in err. */
+int zaya_parse_precision(const char *text, int *precision, int *placement, char *err, size_t errlen);
+/* The same text for a precision and placement, in buf. */
+const char *zaya_precision_name(int precision, int placement, char *buf, size_t len);
+
 /* Skip expert (router class num_experts): upstream transformers/vLLM give it a zero output;
  * Zyphra's original fork passes the MoE input through, times its probability (arch §6a). */
 enum { ZAYA_SKIP_ZERO = 0, ZAYA_SKIP_PASSTHROUGH = 1 };
@@ -166,6 +184,7 @@ typedef struct {
     int batch;                /* tokens per forward() batch, 1..ZAYA_BATCH (default ZAYA_BATCH) */
     int skip_expert;          /* ZAYA_SKIP_ZERO (default) or ZAYA_SKIP_PASSTHROUGH */
     int precision;            /* ZAYA_PRECISION_FP32 (default), _BF16 or _BF16_TORCH113 */
+    int placement;            /* ZAYA_BF16_* flags (0: the official bf16 placement; bf16 precisions only) */
     ZayaTapFn tap;            /* optional: called with every intermediate tensor */
     void *tap_ctx;
     float *logits;            /* [V]: logits of the last token run (room for a few rows: a tap's batches) */

@@ -8,7 +8,8 @@
    steps, products within 1 bf16 ulp on <= 1% of their elements; counts of differing elements in
    each line. With the torch 1.13 variant (the fixture's torch), from a bf16 and an fp32 blob.
 2. The current-torch variant (--precision bf16) departs from the torch-1.13 fixture only where
-   docs/bf16.md says torch 1.13 rounds differently (qk-norm, attention's scale, SiLU).
+   docs/bf16.md says torch 1.13 rounds differently (qk-norm, attention's scale, SiLU); each placement
+   of another engine (+fp32-residual, +fp32-norm, +fp32-logits) only at the steps it moves.
 3. End to end: per layer, the rel L2 of zaya.c's bf16 hidden states against the official bf16
    prefill, beside the official prefill against the official token-by-token run (the legitimate
    spread): ours must be within it; routing identical; the official greedy tokens; zaya.c's
@@ -18,6 +19,7 @@
 import json
 import math
 import os
+import re
 import sys
 
 from harness import BUILD, check, finish, need_fixtures, prompt_ids, read_npy, run
@@ -51,6 +53,26 @@ expected = {"qk_norm: queries (norm)", "qk_norm: keys (norm)", "RoPE + softmax(q
 check(failed and failed <= expected and {"qk_norm: queries (norm)", "experts (products, SiLU, weight)"} <= failed,
       "--precision bf16 (current torch) departs from the torch 1.13 fixture only at qk-norm (bf16-summed norm, scalar "
       "sqrt(d)), attention (scalar d^-1/2) and SiLU (rounded per step)", f"steps that differ: {sorted(failed)}")
+
+# 2b. other engines' placements (zaya.h ZAYA_BF16_*): each moves exactly the steps it names
+PLACED = {
+    "fp32-residual": {"post_attention_residual_scale (elementwise)", "post_mlp_residual_scale (elementwise)",
+                      "input_layernorm (norm)"},   # layer 0's norm reads the input scaling, which it moves
+    "fp32-norm": {"input_layernorm (norm)", "post_attention_layernorm (norm)", "model.norm (norm)"},
+    "fp32-logits": {"lm_head: the official top-16 logits (product)"},
+}
+for flag, moved in PLACED.items():
+    rc, out, err = run(["build/test_bf16_steps", blobs["bf16"], GOLD, "bf16-torch1.13+" + flag])
+    failed = {re.sub(r"^FAIL (layer \d+|model) ", "", ln).split("  ")[0] for ln in out.splitlines() if ln.startswith("FAIL ")}
+    must = {"post_mlp_residual_scale (elementwise)"} if flag == "fp32-residual" else moved
+    check(rc in (0, 1) and must <= failed <= moved, f"bf16-torch1.13+{flag} departs from the official bf16 steps exactly at "
+          f"the steps it moves ({len(failed)} kinds of step)", f"steps that differ: {sorted(failed)}; {err[-200:]}")
+    if flag == "fp32-logits":
+        check("PASS model lm_head: float32 logits, rounded" in out, "+fp32-logits: its float32 logits round to the official "
+              "bf16 logits (within the product bound)", out[-400:])
+rc, _, err = run(["./zaya", blobs["bf16"], "--ids", IDS, "--precision", "bf16+fp32-normal"])
+check(rc != 0 and "fp32-residual, fp32-norm or fp32-logits" in err, "an unknown placement is refused with the ones there are",
+      err[-300:])
 
 # 3. end to end
 def hidden(dump, L):

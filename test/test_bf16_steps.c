@@ -1,6 +1,6 @@
 /* test_bf16_steps.c - each step of forward(), in bf16, fed the official bf16 run's own inputs.
  *
- *   make build/test_bf16_steps && build/test_bf16_steps BLOB GOLDEN_BF16 [bf16|bf16-torch1.13]
+ *   make build/test_bf16_steps && build/test_bf16_steps BLOB GOLDEN_BF16 [PRECISION]
  *
  * BLOB is test/fixtures/checkpoint_native exported (any dtype holding its bf16 weights exactly: bf16
  * or fp32), GOLDEN_BF16 test/fixtures/golden_bf16: the official code loaded in bfloat16, one .npy per
@@ -10,8 +10,9 @@
  *   - elementwise, norm, softmax and activation steps must be bit-identical;
  *   - products (Linear, the convolutions, attention's q.k and p.v) may differ by 1 bf16 ulp on at
  *     most 1% of the elements: a float32 sum in another order rounds to the neighbouring bf16.
- * Each line says how many elements differ. The precision defaults to bf16-torch1.13, the torch that
- * made the fixture (docs/bf16.md). Exit status 1 if any check fails, 2 on usage or load errors.
+ * Each line says how many elements differ. PRECISION (as ./zaya --precision) defaults to bf16-torch1.13,
+ * the torch that made the fixture (docs/bf16.md); with placements (+fp32-residual, +fp32-norm,
+ * +fp32-logits) the steps they move differ and every other step stays within its bound (test_bf16.py). Exit status 1 if any check fails, 2 on usage or load errors.
  */
 #include "../zaya.c"
 
@@ -113,12 +114,17 @@ static void capture_attn(void *ctx, const ZayaTap *tap) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: test_bf16_steps BLOB GOLDEN_BF16 [bf16|bf16-torch1.13]\n");
+        fprintf(stderr, "usage: test_bf16_steps BLOB GOLDEN_BF16 [bf16|bf16-torch1.13[+fp32-residual][+fp32-norm][+fp32-logits]]\n");
         return 2;
     }
     golden = argv[2];
-    const int precision = argc > 3 && !strcmp(argv[3], "bf16") ? ZAYA_PRECISION_BF16 : ZAYA_PRECISION_BF16_TORCH113;
     char err[1024];
+    int precision = ZAYA_PRECISION_BF16_TORCH113, placement = 0;
+    if (argc > 3 && (zaya_parse_precision(argv[3], &precision, &placement, err, sizeof err) != 0 ||
+                     precision == ZAYA_PRECISION_FP32)) {
+        fprintf(stderr, "test_bf16_steps: %s\n", precision == ZAYA_PRECISION_FP32 ? "a bf16 precision is needed" : err);
+        return 2;
+    }
     ZayaModel m;
     ZayaState s;
     int T, cols;
@@ -134,7 +140,7 @@ int main(int argc, char **argv) {
     if (cols != H) { fprintf(stderr, "test_bf16_steps: the golden's hidden size %d is not the blob's %d\n", cols, H); return 2; }
     Activations *a = s.act;
     AttnCapture cap = {calloc((size_t)T * nq * T, sizeof(float)), nq, T};
-    Batch b = {c, a, s.kernels, NULL, NULL, -1, 0, T, precision};
+    Batch b = {c, a, s.kernels, NULL, NULL, -1, 0, T, precision, placement};
 
     int n_ids, one;   /* §3.1 */
     float *ids_f = read_npy_at("tokens", 1, &n_ids, &one);
@@ -170,7 +176,7 @@ int main(int argc, char **argv) {
         float *ix = layer_tap(i, "mlp.gate.router_indices", T, 1), *ex = layer_tap(i, "mlp.experts", T, H);
         float *pm = layer_tap(i, "post_mlp_residual_scale", T, H);
 
-        rmsnorm(&b, "", a->h, r_in, L->input_layernorm, H, c->rms_norm_eps);                       /* §3.2 */
+        residual_norm(&b, "", a->h, r_in, L->input_layernorm, H, c->rms_norm_eps);                      /* §3.2 */
         compare_rows(i, "input_layernorm (norm)", EXACT, a->h, H, h1, H, T);
         cca_projections(&b, L, h1, a->u);                                                          /* §3.3 */
         compare_rows(i, "q_proj (product)", PRODUCT, a->u, C, qp, QD, T);
@@ -217,7 +223,7 @@ int main(int argc, char **argv) {
         memcpy(a->r, r_in, sizeof(float) * T * H);
         residual_scaling(&b, "", a->r, op, &L->post_attention_residual_scale);                   /* §3.12 */
         compare_rows(i, "post_attention_residual_scale (elementwise)", EXACT, a->r, H, ps, H, T);
-        rmsnorm(&b, "", a->h, ps, L->post_attention_layernorm, H, c->rms_norm_eps);              /* §3.13 */
+        residual_norm(&b, "", a->h, ps, L->post_attention_layernorm, H, c->rms_norm_eps);             /* §3.13 */
         compare_rows(i, "post_attention_layernorm (norm)", EXACT, a->h, H, h2, H, T);
         linear(&b, "", a->router_down, &L->router_down_proj, L->router_down_proj_bias, h2);     /* §3.14 */
         compare_rows(i, "router down_proj (product)", PRODUCT, a->router_down, R, dn, R, T);
@@ -259,7 +265,7 @@ int main(int argc, char **argv) {
     }
     b.layer = -1;
     float *fn = need("model.norm", T, H);
-    rmsnorm(&b, "", a->h, r_in, m.norm, H, c->rms_norm_eps);                                     /* §3.17 */
+    residual_norm(&b, "", a->h, r_in, m.norm, H, c->rms_norm_eps);                                    /* §3.17 */
     compare_rows(-1, "model.norm (norm)", EXACT, a->h, H, fn, H, T);
     int kr, k, kr2, k2;   /* §3.18: the official top-k logits of each position, at the official ids */
     float *top_ids = read_npy_at("logits_top16_ids", 1, &kr, &k), *top_values = read_npy_at("logits_top16_values", 1, &kr2, &k2);
@@ -275,9 +281,13 @@ int main(int argc, char **argv) {
         for (int j = 0; j < k; j++) ours[t * k + j] = s.logits[(int)top_ids[t * k + j]];
     }
     compare_rows(-1, "lm_head: the official top-16 logits (product)", PRODUCT, ours, k, top_values, k, T);
+    if (placement & ZAYA_BF16_FP32_LOGITS) {   /* the float32 logits round to the official bf16 ones */
+        for (int j = 0; j < T * k; j++) ours[j] = zaya_round_bf16(ours[j]);
+        compare_rows(-1, "lm_head: float32 logits, rounded (product)", PRODUCT, ours, k, top_values, k, T);
+    }
     free(top_ids); free(top_values); free(ours);
     printf("%d checks of %d layers, %s: %d failed\n", checks, c->num_layers,
-           precision == ZAYA_PRECISION_BF16 ? "bf16 (current torch)" : "bf16-torch1.13", failures);
+           zaya_precision_name(precision, placement, err, sizeof err), failures);
     free(fn); free(rho_prev); free(r_in); free(ids); free(e_tap); free(cap.probs);
     zaya_state_free(&s);
     zaya_free(&m);

@@ -278,8 +278,8 @@ ENGINE_BUGS = [
      [("rho[i] = states_scale ? held(b,", "rho[i] = states_scale && b->layer != 1 ? held(b,")],
      ("exceeds", "model.layers.1.mlp.gate:router_state", None)),
     ("engine bf16, misplaced cast: RMSNorm's x/rms not rounded before the weight (not distinguishable end to end)",
-     "norm_cast", [("o[i] = held(b, w[i] * held(b, held(b, xt[i]) * inv_rms));",
-                    "o[i] = held(b, w[i] * (held(b, xt[i]) * inv_rms));")], ("within",)),
+     "norm_cast", [("o[i] = held(b, w[i] * held_unless(b, moved, held_unless(b, moved, xt[i]) * inv_rms));",
+                    "o[i] = held(b, w[i] * (held_unless(b, moved, xt[i]) * inv_rms));")], ("within",)),
 ]
 
 

@@ -2,10 +2,17 @@
 
 zaya.c's --replay recomputes every layer of a port's dump from the port's own input to that layer; the
 local error of a tap is the port's tensor against that recomputation. With a bf16 replay as the
-envelope (--envelope, or --model M --bf16), a tap may be LOCAL_BF16_FACTOR times the bf16 replay's own
-local error. The parts, in order: local_error() (the metric), run_replay() (./zaya --replay),
-open_dumps() (inputs and their checks), judge_layers() (the verdict per layer and tap), report() and
-main(args), the view compare.py calls.
+envelope (--envelope), a tap may be LOCAL_BF16_FACTOR times the bf16 replay's own local error. The
+parts, in order: local_error() (the metric), run_replay() (./zaya --replay), open_dumps() (inputs and
+their checks), judge_layers() (the verdict per layer and tap), report().
+
+A bf16 port with --model M --bf16 gets the two-tier verdict (docs/compare.md §9), below report():
+zaya.c replays the port at every legitimate bf16 placement (PLACEMENTS) and in fp32; tier 1
+(judge_tiers) sets each tap beside the replay at the official placement in bf16 ulps (a port that rounds
+where the official code rounds agrees to a few ulps in a few elements); tier 2 sets its local error
+(against the fp32 replay) beside the placements' envelope (the largest local error of a legitimate
+placement) and names the placement the port is closest to; report_tiers() prints both. main(args) is
+the view compare.py calls.
 """
 import os
 import subprocess
@@ -14,7 +21,7 @@ import numpy as np
 
 from .dumps import Dump, InputError, guarded
 from .metrics import fmt, fsum, row_metrics
-from .names import ATOL, LAYER_OUTPUT, execution_order, kind_of, layer_of
+from .names import ATOL, LAYER_OUTPUT, LAYER_STATE, execution_order, kind_of, layer_of
 
 # A bf16 port's local error of a tap may be this many times zaya.c's local bf16 envelope (the bf16
 # replay against the fp32 replay of the same inputs): docs/compare.md has the measurements (legitimate
@@ -177,7 +184,182 @@ def report(args, port, replay, env, ref, rows, first, names):
     return 0
 
 
+# ---- two tiers (a bf16 port, --model M --bf16) ----
+
+# The legitimate bf16 placements zaya.c runs (docs/bf16.md): label -> ./zaya --precision. The first two are
+# the official code's (tier 1's references); all of them make tier 2's envelope.
+OFFICIAL = {"official bf16, torch 1.13": "bf16-torch1.13", "official bf16, torch >= 2.1": "bf16"}
+PLACEMENTS = dict(OFFICIAL, **{"vLLM: fp32 residual scaling and norms": "bf16+fp32-residual+fp32-norm",
+                               "fp32 LM head (vLLM zaya_high_prec)": "bf16-torch1.13+fp32-logits"})
+# Measured (docs/compare.md §9, bench/tier_margins.py): legitimate runs and one-step bugs.
+TIER1_ULPS = 2          # an element agrees within this many bf16 ulps of the official replay's value
+TIER1_FRACTION = 0.01   # a tap computes like the official code when at most this fraction is further
+TIER1_WRONG = 0.5       # ... and is an error, in a port that rounds like the official code, above this fraction
+TIER2_FACTOR = 2.0      # a tap is within when its local error <= this x the placements' envelope
+TIER2_FLOOR = 1e-6      # rel L2 below this is float32 noise of a replay
+
+
+def bf16_ulps(port, ref):
+    """|port - ref| in bf16 ulps of ref, per element of rows [T, n]; a value far below its row's rms (under\n    rms/256) counts at that level, so that a sum that cancels to near zero does not count its ulps."""
+    ref = ref.astype(np.float64)
+    rms = np.sqrt(np.mean(ref * ref, axis=1, keepdims=True))
+    mag = np.maximum(np.abs(ref), np.maximum(rms / 256, 1e-30))
+    return np.abs(port.astype(np.float64) - ref) / np.exp2(np.floor(np.log2(mag)) - 7)
+
+
+def rel_l2(a, b):
+    d = float(np.linalg.norm((a.astype(np.float64) - b).ravel()))
+    return d / max(float(np.linalg.norm(b.astype(np.float64).ravel())), TIER2_FLOOR * np.sqrt(max(b.size, 1)))
+
+
+def tier_replays(args):
+    """{label: Dump}: zaya.c's replays of the port in fp32 and at every placement (./zaya --replay)."""
+    out = args.replay_out or os.path.join(args.test_dir.rstrip("/") + "_replay")
+    reps = {}
+    for label, prec in [("fp32", None)] + list(PLACEMENTS.items()):
+        folder = out + "_" + (prec or "fp32").replace("+", "_")
+        run_replay(args.model, args.test_dir, folder, prec)
+        reps[label] = Dump(folder, "REPLAY")
+    return reps
+
+
+def judge_tiers(args, port, reps):
+    """Both tiers over every tap the port and the replays have, in execution order. Returns a dict: taps (one\n    dict per tap), tier1_first (the first tap not computed like the official code: (name, why)), tier1_error\n    (the first tap that is wrong in a port rounding like the official code), tier2_first (the first tap\n    past the envelope), closest (the placement the port is nearest), located (the first of the errors)."""
+    fp32 = reps["fp32"]
+    n_layers = 1 + max([layer_of(n) for n in fp32.order if layer_of(n) is not None] or [-1])
+    order = execution_order(n_layers)
+    state = {f"model.layers.{i}.{s}" for i in range(n_layers) for s in LAYER_STATE}
+    names = [n for n in order if n not in state and port.has(n) and all(r.has(n) for r in reps.values())
+             and (layer_of(n) is not None or n in ("model.norm", "logits")) and not n.endswith(":router_margin")]
+    T = len(port.tokens or [])
+    taps, first1, wrong, first2, like_official = [], None, None, None, None
+    closeness = dict.fromkeys(PLACEMENTS, 0.0)
+    near = {}
+    for name in names:
+        layer = layer_of(name)
+        shape, p = port.load(name)
+        if name.endswith("router_indices"):
+            # against the official replay it routes most like; a flip at a near-tie of that replay is bf16's
+            best = min(((routing_flips(port, reps[lb], layer, args.near_tie), lb) for lb in OFFICIAL),
+                       key=lambda x: len(x[0][0]))[0]
+            flips, near[layer] = best
+            bad = [t for t in flips if t not in near[layer]]
+            taps.append({"name": name, "layer": layer, "flips": flips, "near": sorted(near[layer]), "bad": bad})
+            if bad:
+                why = (f"routes {len(bad)} position(s) differently from every official replay, not at a near-tie "
+                       f"(positions {bad[:5]})")
+                first1 = first1 or (name, why)
+                first2 = first2 or (name, why)
+                if like_official:
+                    wrong = wrong or (name, why)
+            continue
+        if p.dtype.kind in "iu" or not shape:
+            continue
+        after_route = name.endswith(("mlp.experts", "post_mlp_residual_scale", ":router_weight"))
+        rows = [t for t in range(shape[0]) if not (after_route and t in near.get(layer, ()))]
+        if not rows:
+            continue
+        pr = p.reshape(shape[0], -1)[rows]
+        rep = {lb: r.load(name)[1].reshape(shape[0], -1)[rows] for lb, r in reps.items()}
+        ulps = {lb: bf16_ulps(pr, rep[lb]) for lb in OFFICIAL}
+        variant = min(ulps, key=lambda lb: int((ulps[lb] > TIER1_ULPS).sum()))
+        beyond, size = int((ulps[variant] > TIER1_ULPS).sum()), int(pr.size)
+        env_by = {lb: rel_l2(rep[lb], rep["fp32"]) for lb in PLACEMENTS}
+        envelope = max(max(env_by.values()), TIER2_FLOOR)
+        error = rel_l2(pr, rep["fp32"])
+        dist = {lb: rel_l2(pr, rep[lb]) for lb in PLACEMENTS}
+        for lb in PLACEMENTS:
+            closeness[lb] += dist[lb] / envelope
+        t = {"name": name, "layer": layer, "beyond": beyond, "size": size, "max_ulps": float(ulps[variant].max()),
+             "variant": variant, "envelope": envelope, "error": error, "ratio": error / envelope,
+             "closest": min(dist, key=dist.get)}
+        taps.append(t)
+        if like_official is None:   # the port's first tap: does it round where the official code does (at most
+            like_official = int((ulps[variant] > 0.5).sum()) <= TIER1_FRACTION * size   # 1% of it off by an ulp)?
+        if beyond > TIER1_FRACTION * size and first1 is None:
+            first1 = (name, f"{beyond} of {size} elements more than {TIER1_ULPS} bf16 ulps from zaya.c's {variant} "
+                            f"replay (largest {t['max_ulps']:.3g} ulps; at most {TIER1_FRACTION:.0%} computes like it)")
+        if like_official and beyond > TIER1_WRONG * size and wrong is None:
+            wrong = (name, f"{beyond} of {size} elements more than {TIER1_ULPS} bf16 ulps from zaya.c's {variant} replay "
+                           f"(a port that rounds like the official code: more than {TIER1_WRONG:.0%} of a tap is an error)")
+        if t["ratio"] > TIER2_FACTOR and first2 is None:
+            first2 = (name, f"local error {fmt(error)} = {t['ratio']:.3g} x the envelope {fmt(envelope)} of the "
+                            f"legitimate placements (limit {TIER2_FACTOR:g}x)")
+    pos = {n: i for i, n in enumerate(order)}
+    located = min([x for x in (wrong, first2) if x], key=lambda x: pos[x[0]], default=None)
+    return {"taps": taps, "tier1_first": first1, "tier1_error": wrong, "tier2_first": first2,
+            "closest": min(closeness, key=closeness.get) if taps else None, "located": located,
+            "like_official": bool(like_official), "max_ratio": max([t["ratio"] for t in taps if "ratio" in t] or [0.0])}
+
+
+def report_tiers(args, port, ref, res):
+    """Prints the per-layer table and both tiers' verdicts; returns the exit status (0 agrees, 1 a local error)."""
+    short = lambda n: n.split(".", 3)[3] if n.startswith("model.layers.") else n   # noqa: E731
+    T = len(port.tokens or [])
+    print(f"\nper layer: tier 1 = the port against zaya.c's replay at the official bf16 placement (elements more than "
+          f"{TIER1_ULPS} bf16 ulps away);\ntier 2 = the port's local error against the fp32 replay / the largest of "
+          f"the legitimate placements' ({', '.join(PLACEMENTS)});\nend to end = the port vs "
+          + (ref.folder if ref else "the reference run (give --reference REF_DUMP)") + ":")
+    print(f"{'layer':>5}  {'local error':>11}  {'bf16 envelope':>13}  {'end to end':>10}  {'routing':>9}  "
+          f"{'tier 1 worst tap (beyond/elements)':>40}  tier 2 worst tap (ratio)")
+    layers = sorted({t["layer"] for t in res["taps"] if t["layer"] is not None})
+    for layer in layers + [None]:
+        ts = [t for t in res["taps"] if t["layer"] == layer and "ratio" in t]
+        if not ts:
+            continue
+        out = next((t for t in ts if t["name"].endswith(LAYER_OUTPUT)), None)
+        r = next((t for t in res["taps"] if t["layer"] == layer and "flips" in t), None)
+        route = f"{T - len(r['flips'])}/{T}" + ("*" if r["near"] else "") if r else "-"
+        e2e = local_error(port, ref, f"model.layers.{layer}.{LAYER_OUTPUT}") if ref and layer is not None else None
+        w1 = max(ts, key=lambda t: t["beyond"] / t["size"])
+        w2 = max(ts, key=lambda t: t["ratio"])
+        print(f"{'-' if layer is None else layer:>5}  {fmt(out['error']) if out else '-':>11}  "
+              f"{fmt(out['envelope']) if out else '-':>13}  {fmt(e2e) if e2e is not None else '-':>10}  {route:>9}  "
+              f"{short(w1['name']) + ' ' + str(w1['beyond']) + '/' + str(w1['size']):>40}  "
+              f"{short(w2['name'])} {w2['ratio']:.2g}x")
+    if any(t.get("near") for t in res["taps"]):
+        print("  * a near-tie: the port and the official replays route a position differently at a margin below "
+              f"{args.near_tie}; that position is left out of the layer's later taps")
+    if args.verbose:
+        for t in res["taps"]:
+            if "ratio" in t:
+                print(f"  {t['name']:60s} tier 1 {t['beyond']:>7}/{t['size']:<7} ({t['variant']})  tier 2 {t['error']:.3g} / "
+                      f"{t['envelope']:.3g} = {t['ratio']:.3g}x  closest: {t['closest']}")
+    if res["tier1_first"] is None:
+        print(f"\nTIER 1: computes like the official bf16 code (every tap within {TIER1_ULPS} bf16 ulps of zaya.c's "
+              f"official-placement replay on all but {TIER1_FRACTION:.0%} of its elements)")
+    else:
+        name, why = res["tier1_first"]
+        print(f"\nTIER 1: does not compute like the official bf16 code from {name} on: {why}"
+              + ("" if res["like_official"] else "\n  (its first tap already rounds elsewhere: tier 2 judges it)"))
+    print(f"TIER 2: closest legitimate placement: {res['closest']}; "
+          + ("every tap within the placements' envelope" if res["tier2_first"] is None else
+             f"first past the envelope: {res['tier2_first'][0]}") + f" (largest ratio {res['max_ratio']:.3g}x, "
+          f"limit {TIER2_FACTOR:g}x)")
+    if res["located"]:
+        name, why = res["located"]
+        layer = layer_of(name)
+        print(f"\nFIRST LOCAL ERROR: layer {layer}, {name}\n  {why}\n  every layer before it recomputes from the port's "
+              f"inputs within tolerance")
+        print("RESULT: LOCAL ERROR")
+        return 1
+    print("\nRESULT: every layer agrees locally (" + ("computes like the official bf16 code"
+          if res["tier1_first"] is None else "within the bf16 envelope of the legitimate placements") + ")")
+    return 0
+
+
 def local_main(args):
+    if args.model and args.bf16 and not args.envelope:
+        reps = tier_replays(args)
+        port = Dump(args.test_dir, "PORT")
+        ref = Dump(args.reference, "REF") if args.reference else None
+        for other in (reps["fp32"], ref):
+            if other is not None and other.tokens is not None and port.tokens is not None and other.tokens != port.tokens:
+                raise InputError(f"{other.folder} is of other ids than the port's dump\n  hint: dump the same --ids")
+        print(f"PORT   {port.folder}: {port.producer()}")
+        print(f"REPLAY {args.replay_out or args.test_dir.rstrip('/') + '_replay'}_*: each layer recomputed by zaya.c from "
+              f"the port's own input to it, in fp32 and at {len(PLACEMENTS)} legitimate bf16 placements")
+        return report_tiers(args, port, ref, judge_tiers(args, port, reps))
     port, replay, env, ref = open_dumps(args)
     print(f"PORT   {port.folder}: {port.producer()}")
     print(f"REPLAY {replay.folder}: each layer recomputed by zaya.c from the port's own input to it")
