@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""test_misuse.py - compare.py refuses or explains the misuses a new user makes (issue 43, "no silent misuse").
+
+    make zaya && python3 test/test_misuse.py     (a python with numpy: the Makefile's PYTHON)
+
+Each check gives compare.py a wrong input the way a new user would and asserts exit status 2 (or the
+right hint) and the message's parts: --local with an envelope that is not a replay of the port's dump.
+Output: one `PASS name` / `FAIL name: detail` line per check; exit status 1 if any check failed.
+"""
+import os
+import shutil
+import sys
+
+from harness import BUILD, check, finish, need_fixtures, prompt_ids, run
+
+FX = need_fixtures()
+IDS = ",".join(map(str, prompt_ids()))
+OUT = os.path.join(BUILD, "misuse")
+shutil.rmtree(OUT, ignore_errors=True)
+os.makedirs(OUT)
+
+
+def compare(*args):
+    rc, out, err = run([sys.executable, "compare.py", *args])
+    return rc, out + err
+
+
+def step(cmd, name):
+    rc, _, err = run(cmd)
+    check(rc == 0, name, err[-300:])
+
+
+blob = os.path.join(OUT, "fp32.bin")
+step([sys.executable, "export_weights.py", os.path.join(FX, "checkpoint_native"), blob], "export the fixture")
+official = os.path.join(OUT, "official")
+step([sys.executable, "tools/fixture_to_dump.py", os.path.join(FX, "golden"), official], "the official golden as a dump")
+official_bf16 = os.path.join(OUT, "official_bf16")
+step([sys.executable, "tools/fixture_to_dump.py", os.path.join(FX, "golden_bf16"), official_bf16],
+     "the official bf16 golden as a dump")
+replay = os.path.join(OUT, "replay_fp32")
+step(["./zaya", blob, "--replay", official, "--dump", replay], "fp32 replay of the official dump")
+replay_bf16 = os.path.join(OUT, "replay_bf16")
+step(["./zaya", blob, "--replay", official, "--dump", replay_bf16, "--precision", "bf16"], "bf16 replay")
+
+# (a) --local's envelope must be a replay of this port's dump, not an end-to-end bf16 run
+for argv, what in (((official, replay, "--envelope", official_bf16), "--local PORT REPLAY --envelope E2E"),
+                   ((official, "--model", blob, "--envelope", official_bf16), "--local PORT --model M --envelope E2E")):
+    rc, text = compare("--local", *argv)
+    check(rc == 2 and "is not a replay of" in text and "--replay" in text and "--precision bf16" in text
+          and "Traceback" not in text, f"{what}: refused (exit 2), with the ./zaya --replay command", text[-400:])
+rc, text = compare("--local", official, replay, "--envelope", replay)
+check(rc == 2 and "fp32 replay" in text, "--local --envelope an fp32 replay: refused", text[-400:])
+other = os.path.join(OUT, "replay_of_other")
+step(["./zaya", blob, "--replay", replay, "--dump", other, "--precision", "bf16"], "a replay of another dump")
+rc, text = compare("--local", official, replay, "--envelope", other)
+check(rc == 2 and "it replays" in text, "--local --envelope a replay of another dump: refused", text[-400:])
+rc, text = compare("--local", official, replay, "--envelope", replay_bf16)
+check(rc in (0, 1) and "ENVELOPE" in text, "--local --envelope the bf16 replay of the port: accepted", text[-400:])
+finish()
