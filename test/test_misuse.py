@@ -7,6 +7,7 @@ Each check gives compare.py a wrong input the way a new user would and asserts e
 right hint) and the message's parts: --local with an envelope that is not a replay of the port's dump.
 Output: one `PASS name` / `FAIL name: detail` line per check; exit status 1 if any check failed.
 """
+import json
 import os
 import shutil
 import sys
@@ -56,4 +57,26 @@ rc, text = compare("--local", official, replay, "--envelope", other)
 check(rc == 2 and "it replays" in text, "--local --envelope a replay of another dump: refused", text[-400:])
 rc, text = compare("--local", official, replay, "--envelope", replay_bf16)
 check(rc in (0, 1) and "ENVELOPE" in text, "--local --envelope the bf16 replay of the port: accepted", text[-400:])
+
+# (b) a port dump without mlp.gate.router_indices: needed, never a bug
+noidx = os.path.join(OUT, "no_router_indices")
+shutil.copytree(official_bf16, noidx)
+with open(os.path.join(noidx, "index.json")) as f:
+    index = json.load(f)
+for t in index["tensors"]:
+    if t["name"].endswith("router_indices"):
+        os.remove(os.path.join(noidx, t["file"]))
+index["tensors"] = [t for t in index["tensors"] if not t["name"].endswith("router_indices")]
+with open(os.path.join(noidx, "index.json"), "w") as f:
+    json.dump(index, f)
+zaya_bf16 = os.path.join(OUT, "zaya_bf16")
+step(["./zaya", blob, "--ids", IDS, "--dump", zaya_bf16, "--precision", "bf16"], "zaya.c's bf16 run")
+for argv, what in (((noidx, official, "--envelope", zaya_bf16), "--envelope"),
+                   (("--local", noidx, "--model", blob), "--local --model"),
+                   (("--local", noidx, "--model", blob, "--bf16", "--replay-out", os.path.join(OUT, "noidx_rep")),
+                    "--local --model --bf16")):
+    rc, text = compare(*argv)
+    check(rc == 2 and "has no model.layers.0.mlp.gate.router_indices" in text and "near-tie" in text
+          and "§9" in text and "exceeds" not in text and "LOCAL ERROR" not in text,
+          f"{what}: a port dump without router_indices: said to be needed (exit 2), no bug reported", text[-400:])
 finish()

@@ -378,6 +378,22 @@ class Dump:
 
 
 
+def need_router_indices(d, view):
+    """Raises InputError when a dump has a MoE layer's output but not its routing (mlp.gate.router_indices):
+    without it a routing flip at a near-tie cannot be told from a bug, and every row after it looks like one."""
+    missing = sorted({int(n.split(".")[2]) for n in d.order if n.startswith("model.layers.") and n.endswith(".mlp.experts")
+                      and not d.has(n[:-len("experts")] + "gate.router_indices")})
+    if missing:
+        name = f"model.layers.{missing[0]}.mlp.gate.router_indices"
+        raise InputError(f"{d.label} {d.folder} has no {name}"
+                         + (f" (nor for layers {missing[1:]})" if len(missing) > 1 else "")
+                         + f"\n  {view} needs each MoE layer's chosen experts: bf16 moves router margins, and a position "
+                           f"routed to another expert at a near-tie is legitimate, but without the indices it cannot be "
+                           f"recognised and every later row would look like a bug\n"
+                           f"  hint: dump the router's top-1 expert per position as {name} (int32 [T]); "
+                           f"docs/compare.md §9's forward-hook example shows it")
+
+
 def guarded(work):
     """(work(), None); or, on bad input (and input this tool did not anticipate), a message on stderr and
     (None, 2): exit status 2, never a traceback."""

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from .dumps import Dump, InputError, guarded
+from .dumps import Dump, InputError, guarded, need_router_indices
 from .endtoend import Comparison
 from .metrics import fmt, fsum, row_errors, row_metrics, topk_ids
 from .names import ATOL, FLOOR_REL, LOGITS_ATOL, STATE_SUFFIXES, TOPK_RE, kind_of, layer_of
@@ -397,6 +397,8 @@ def main(args):
         for d in dumps:
             if d.tokens is None and toks:
                 d.tokens = toks[0][1]
+        for d in dumps:
+            need_router_indices(d, "--envelope")
         e = EnvelopeCheck(dumps[0], ref, dumps[2], dumps[3] if args.spread else None, args.near_tie)
         e.run()
         return e

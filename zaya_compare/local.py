@@ -19,7 +19,7 @@ import subprocess
 
 import numpy as np
 
-from .dumps import Dump, InputError, guarded
+from .dumps import Dump, InputError, guarded, need_router_indices
 from .metrics import fmt, fsum, row_metrics
 from .names import ATOL, LAYER_OUTPUT, LAYER_STATE, execution_order, kind_of, layer_of
 
@@ -77,6 +77,7 @@ def open_dumps(args):
     port, replay = Dump(args.test_dir, "PORT"), Dump(args.ref_dir, "REPLAY")
     env = Dump(args.envelope, "ENVELOPE") if args.envelope else None
     ref = Dump(args.reference, "REF") if args.reference else None
+    need_router_indices(port, "--local")
     replay_of(port, replay, "REPLAY", args.model, None)
     if env is not None:
         replay_of(port, env, "--envelope", args.model, "bf16")
@@ -376,8 +377,9 @@ def report_tiers(args, port, ref, res):
 
 def local_main(args):
     if args.model and args.bf16 and not args.envelope:
-        reps = tier_replays(args)
         port = Dump(args.test_dir, "PORT")
+        need_router_indices(port, "--local --bf16")
+        reps = tier_replays(args)
         ref = Dump(args.reference, "REF") if args.reference else None
         for other in (reps["fp32"], ref):
             if other is not None and other.tokens is not None and port.tokens is not None and other.tokens != port.tokens:
