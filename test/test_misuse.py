@@ -86,4 +86,12 @@ rc, text = compare(official_bf16, official, "--envelope", zaya_bf16)
 verdict = next((ln for ln in text.splitlines() if ln.startswith("VERDICT")), "")
 check(rc == 0 and verdict.startswith("VERDICT: within") and "% of rows not judged" in verdict,
       f"--envelope: the VERDICT line says the share of rows not judged ({verdict[:110]})", text[-400:])
+
+# (f) the per-layer table's ratio is over the judged rows only: labelled so, with the rows it judged
+head = next((ln for ln in text.splitlines() if ln.startswith("layer ")), "")
+row1 = next((ln.split() for ln in text.splitlines() if ln.startswith("    1 ")), [])
+check("judged ratio" in head and "judged rows" in head
+      and len(row1) > 3 and row1[3] == "36/38",
+      "--envelope per-layer table: the ratio is labelled 'judged ratio', beside the rows it judged (36/38 in layer 1)",
+      head + " | " + " ".join(row1))
 finish()

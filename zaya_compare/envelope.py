@@ -287,6 +287,8 @@ class EnvelopeCheck:
             worst = max(mine, key=lambda r: r["max_ratio"], default=None)
             out.append({"layer": i, "port": o.get("port_rel_l2"), "envelope": o.get("envelope_rel_l2"),
                         "spread": o.get("spread_rel_l2"), "tensor_ratio": o.get("tensor_ratio"),
+                        "rows": len(o["row_ratios"]) if o else None,
+                        "judged": len(o["row_ratios"]) - o["shadowed"] if o else None,
                         "worst": worst and (worst["name"], worst["max_ratio"], worst["max_ratio_pos"])})
         return out
 
@@ -306,14 +308,17 @@ def envelope_report(e, verbose):
         if side.index.get("precision") not in (None, "bf16"):
             print(f"note: {label} says precision {side.index.get('precision')}: the envelope should be a bf16 run")
     has_spread = e.spread is not None
-    print("\nper layer (rel L2 of the layer output against FP32; ratio = port / envelope):")
+    print("\nper layer (port, envelope: rel L2 of the layer output against FP32 over all rows; judged ratio: the "
+          "port's row distances / the envelope's,\nRMS over the judged rows only (rows after routing flips no envelope "
+          "run shares are left out), so it is not port / envelope when rows are left out):")
     print(f"{'layer':>5s} {'port':>10s} {'envelope':>10s}" + (f" {'spread':>10s}" if has_spread else "")
-          + f" {'ratio':>7s}  largest row ratio (tensor, position)")
+          + f" {'judged rows':>11s} {'judged ratio':>12s}  largest row ratio (tensor, position)")
     for row in e.layer_rows():
         w = row["worst"]
+        judged = f"{row['judged']}/{row['rows']}" if row["rows"] is not None else "-"
         print(f"{row['layer']:5d} {fmt(row['port']):>10s} {fmt(row['envelope']):>10s}"
               + (f" {fmt(row['spread']):>10s}" if has_spread else "")
-              + f" {fmt(row['tensor_ratio'], '.2f'):>7s}  " + (f"{w[1]:.2f} ({w[0]}, {w[2]})" if w else "-"))
+              + f" {judged:>11s} {fmt(row['tensor_ratio'], '.2f'):>12s}  " + (f"{w[1]:.2f} ({w[0]}, {w[2]})" if w else "-"))
     if e.margin_move:
         print(f"bf16 near-tie: a flip at an fp32 margin below max({e.near_tie:g}, {ENV_FLIP_K:g} x the largest margin "
               f"change of an envelope run in that layer): " + ", ".join(
