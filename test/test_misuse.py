@@ -94,4 +94,36 @@ check("judged ratio" in head and "judged rows" in head
       and len(row1) > 3 and row1[3] == "36/38",
       "--envelope per-layer table: the ratio is labelled 'judged ratio', beside the rows it judged (36/38 in layer 1)",
       head + " | " + " ".join(row1))
+
+# (d) plain compare: a bf16 dump, two models, a fixture folder, a truncated tensor
+rc, text = compare(official_bf16, official)
+check(rc == 1 and "says precision bf16" in text and "--envelope" in text and "--local" in text and "--bf16" in text,
+      "plain compare of a bf16 dump: a hint to --envelope / --local --bf16", text[-400:])
+rc, text = compare(official, official)
+check(rc == 0 and "hint:" not in text, "plain compare of fp32 dumps that agree: no bf16 hint", text[-300:])
+ck = os.path.join(OUT, "ck_other")
+step([sys.executable, "tools/make_checkpoint.py", ck, "--hidden", "24", "--layers", "2", "--vocab", "300"],
+     "another model's checkpoint")
+other_blob = os.path.join(OUT, "other.bin")
+step([sys.executable, "export_weights.py", ck, other_blob], "export another model")
+other_dump = os.path.join(OUT, "other_model")
+step(["./zaya", other_blob, "--ids", "1,2,3,4", "--dump", other_dump], "a dump of another model")
+rc, text = compare(other_dump, official)
+check(rc == 2 and text.lstrip().startswith("compare.py:") and "different models" in text and "hidden size 24 vs 16" in text
+      and "mismatch" not in text and text.count("\n") < 10,
+      "plain compare of two models: said first, in a few lines (no shape mismatches)", text[-500:])
+rc, text = compare(os.path.join(FX, "golden"), official)
+check(rc == 2 and "fixture folder" in text and "tools/fixture_to_dump.py" in text,
+      "a fixture folder passed as a dump: points to tools/fixture_to_dump.py", text[-400:])
+cut = os.path.join(OUT, "cut")
+shutil.copytree(official, cut)
+path = os.path.join(cut, "model.layers.2.mlp.experts.npy")
+with open(path, "rb") as f:
+    data = f.read()
+with open(path, "wb") as f:
+    f.write(data[:len(data) // 3])
+rc, text = compare(cut, official)
+check(rc == 2 and text.lstrip().startswith("compare.py:") and "model.layers.2.mlp.experts" in text
+      and "RESULT" not in text and "FIRST DIVERGENCE" not in text,
+      "a truncated tensor: the error first, no verdict", text[-400:])
 finish()
