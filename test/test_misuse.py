@@ -4,7 +4,13 @@
     make zaya && python3 test/test_misuse.py     (a python with numpy: the Makefile's PYTHON)
 
 Each check gives compare.py a wrong input the way a new user would and asserts exit status 2 (or the
-right hint) and the message's parts: --local with an envelope that is not a replay of the port's dump.
+right hint) and the message's parts: (a) --local with a REPLAY or --envelope that is not ./zaya's replay of
+the port's dump (an end-to-end bf16 run, an fp32 replay, a replay of another dump); (b) a port dump without
+mlp.gate.router_indices in --envelope and --local (needed, never a bug); (c) the --envelope VERDICT line
+says the share of rows not judged; (d) plain compare of a bf16 dump (hint), of two models (said first), of
+a fixture folder (tools/fixture_to_dump.py), of a truncated tensor (the error, no verdict); (e)
+export_weights.py into a folder that does not exist yet (README's commands on a fresh clone); (f) the
+per-layer ratio of --envelope is labelled as over the judged rows.
 Output: one `PASS name` / `FAIL name: detail` line per check; exit status 1 if any check failed.
 """
 import json
@@ -31,8 +37,10 @@ def step(cmd, name):
     check(rc == 0, name, err[-300:])
 
 
-blob = os.path.join(OUT, "fp32.bin")
-step([sys.executable, "export_weights.py", os.path.join(FX, "checkpoint_native"), blob], "export the fixture")
+# (e) README's bisect commands after `make` alone: export_weights.py makes the output's folders (build/ may not exist)
+blob = os.path.join(OUT, "fresh", "build", "fx.bin")
+step([sys.executable, "export_weights.py", os.path.join(FX, "checkpoint_native"), blob],
+     "export_weights.py into a folder that does not exist yet (README's build/fx.bin on a fresh clone)")
 official = os.path.join(OUT, "official")
 step([sys.executable, "tools/fixture_to_dump.py", os.path.join(FX, "golden"), official], "the official golden as a dump")
 official_bf16 = os.path.join(OUT, "official_bf16")
