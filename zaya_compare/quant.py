@@ -75,9 +75,11 @@ def quant_main(args):
     prefix = (args.replay_out or args.test_dir.rstrip("/") + "_quant")
     ids = ",".join(map(str, port0.tokens))
     exact_dir, weights_dir, qlocal_dir = prefix + "_exact", prefix + "_weights", prefix + "_quant_local"
-    run_zaya([args.exact, "--ids", ids, "--dump", exact_dir])
-    run_zaya([args.model, "--ids", ids, "--dump", weights_dir])
-    run_zaya([args.exact, "--replay", weights_dir, "--dump", qlocal_dir])
+    # the logits ([T, vocab], the largest tensor by far) only when the port dumped its own
+    only = [] if port0.has("logits") else ["--dump-filter", "^model"]
+    run_zaya([args.exact, "--ids", ids, "--dump", exact_dir] + only)
+    run_zaya([args.model, "--ids", ids, "--dump", weights_dir] + only)
+    run_zaya([args.exact, "--replay", weights_dir, "--dump", qlocal_dir] + only)
     args.replay_out, args.reference, args.ref_dir = prefix + "_replay", exact_dir, None
     port, replay, env, exact = local.open_dumps(args)       # runs ./zaya PORTWEIGHTS --replay PORT
     weights, qlocal = Dump(weights_dir, "WEIGHTS"), Dump(qlocal_dir, "QUANT_LOCAL")
