@@ -76,7 +76,9 @@ def quantize(w, qtype):
         d = amax / np.float32(127)
         inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
         xs = x * inv
-        q = np.trunc(xs + np.copysign(np.float32(0.5), xs))           # roundf: half away from zero
+        a = np.abs(xs).astype(np.float64)                             # roundf: half away from zero, exactly
+        q = np.copysign(np.floor(a + 0.5), xs) + 0.0                  # (in float32, x + 0.5 may round up); an int8
+                                                                      # has no -0: + 0.0 makes -0.0 +0.0, as ggml's
     elif qtype == "q4_0":
         idx = np.abs(x).argmax(axis=1)                                # the first of equal magnitudes, as ggml's `<`
         mx = x[np.arange(len(x)), idx][:, None]
