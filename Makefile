@@ -15,7 +15,7 @@ PYTHON  ?= $(or $(firstword $(foreach p,python3 /usr/bin/python3,$(shell $(p) -c
 FIXTURES ?= test/fixtures
 CKPT    ?= $(FIXTURES)/checkpoint_native
 
-.PHONY: all debug test demo demo-chat docs fuzz clean
+.PHONY: all debug test demo demo-chat docs fuzz clean capture
 all: zaya
 
 zaya: $(SRC) $(HDR)
@@ -94,6 +94,15 @@ fuzz:
 	mkdir -p build/fuzz_blob_crashes
 	cd build && ./fuzz_blob fuzz_blob_corpus -max_len=32768 -timeout=10 -rss_limit_mb=2048 \
 	    -max_total_time=$(FUZZ_TIME) -artifact_prefix=fuzz_blob_crashes/
+
+# optional, not part of all/test: tools/llama_capture.cpp against a built llama.cpp checkout (docs/compare.md §9)
+# make capture LLAMA=~/llama.cpp [LLAMA_LIB=~/llama.cpp/build/bin]
+LLAMA_LIB ?= $(LLAMA)/build/bin
+capture: tools/llama_capture.cpp
+	@test -n "$(LLAMA)" || { echo "make capture: set LLAMA to a built llama.cpp checkout (LLAMA=~/llama.cpp)"; exit 2; }
+	mkdir -p build
+	g++ -O2 -std=c++17 -I$(LLAMA)/include -I$(LLAMA)/ggml/include -o build/llama_capture tools/llama_capture.cpp \
+		-L$(LLAMA_LIB) -lllama -lggml -lggml-base -Wl,-rpath,$(LLAMA_LIB)
 
 clean:
 	rm -rf zaya zaya_debug build

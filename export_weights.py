@@ -43,6 +43,7 @@ import time
 import zlib
 
 import export_tokenizer
+import gguf
 
 FORMAT_VERSION = 1          # what every blob without native FP8 / MXFP4 experts is written as
 FORMAT_VERSION_QUANTIZED = 2  # format version 2 adds the dtypes 3 (FP8 rows) and 4 (MXFP4) for the experts
@@ -858,19 +859,25 @@ def quantize_tensor(quantizer, w, entry, srcs, where, log):
     return int(crc)
 
 
-def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, keep_quantized=False,
+def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, keep_quantized=False, tokenizer=None,
            port_weights=None):
     t0 = time.time()
-    if not os.path.isdir(ckpt):
-        fail("checkpoint folder not found", ckpt, "a folder", "a file" if os.path.exists(ckpt) else "nothing there",
-             "give the folder that holds config.json and *.safetensors")
-    cfg_path = os.path.join(ckpt, "config.json")
-    cfg = read_json(cfg_path, "config.json")
-    if not isinstance(cfg, dict):
-        fail("config.json is not a JSON object", cfg_path)
-    where = open_checkpoint(ckpt)
-    layout = detect_layout(cfg, where)
-    c = native_config(cfg, cfg_path) if layout == "native" else legacy_to_native_config(cfg, cfg_path)
+    tok_dir = ckpt
+    if is_gguf(ckpt):            # a port's GGUF: its tensors under legacy names, dequantized as ggml does
+        cfg, cfg_path, where, layout, c, tok_dir = open_port_gguf(ckpt, tokenizer, log)
+    else:
+        if tokenizer is not None:
+            fail("--tokenizer is for a GGUF input", tokenizer, hint="a checkpoint folder has its own tokenizer files")
+        if not os.path.isdir(ckpt):
+            fail("checkpoint folder not found", ckpt, "a folder", "a file" if os.path.exists(ckpt) else "nothing there",
+                 "give the folder that holds config.json and *.safetensors (or a .gguf file)")
+        cfg_path = os.path.join(ckpt, "config.json")
+        cfg = read_json(cfg_path, "config.json")
+        if not isinstance(cfg, dict):
+            fail("config.json is not a JSON object", cfg_path)
+        where = open_checkpoint(ckpt)
+        layout = detect_layout(cfg, where)
+        c = native_config(cfg, cfg_path) if layout == "native" else legacy_to_native_config(cfg, cfg_path)
     check_config_limits(c, cfg_path)
     where = quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log)
     plan = plan_tensors(c, layout, where)
@@ -906,9 +913,11 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
                 + (f" and {len(small) - 1} more" if len(small) > 1 else ""))
         quantizer = build_quantizer()
     try:
-        tok = export_tokenizer.build_tokenizer_section(ckpt, chat_format)
+        tok = export_tokenizer.build_tokenizer_section(tok_dir, chat_format)
     except ValueError as e:
         raise ExportError(str(e))
+    if "gguf_n_tokens" in c:
+        check_gguf_tokenizer(c, tok, ckpt, tok_dir)
     if "zaya_layers" in cfg and layout == "legacy":
         layout_note = "ZAYA1-base schema, legacy tensor names"
     else:
@@ -966,6 +975,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
                   "layout": layout, "dtype": wformat}
     if replaced:
         provenance["weights"] = ",".join(os.path.basename(p) for p in port_weights)[:200]
+    if is_gguf(ckpt):
+        provenance["layout"] = "gguf (llama.cpp ZAYA port, legacy half-layers)"
     if native:
         provenance["experts"] = sorted({e[1] for e in entries if e[0] in native})[0]
     header = pack_header(c, layout, wformat, (group or DEFAULT_GROUP) if wformat == "int8" else 0, len(entries), data_off,
@@ -1473,10 +1484,240 @@ def port_stored_dtype(st, name, kind, wformat):
     return "bf16"
 
 
+# ----------------------------------------------------------------------------------------------
+# A GGUF written by llama.cpp's ZAYA port (docs/checkpoints.md "A port's GGUF"). Its converter
+# (convert_hf_to_gguf.py, ZayaModel) reads the legacy checkpoint layout and writes the 2L half-layers
+# under its own names, in ggml's reversed dimensions; here every GGUF tensor becomes the legacy tensor it
+# was written from, dequantized as ggml does (gguf.py), and the legacy path above does the rest.
+# ----------------------------------------------------------------------------------------------
+
+GGUF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.final_norm.weight",
+               "output.weight": "lm_head.weight",
+               "res_scale_hs.weight": "model.res_scale.hidden_states_scale",
+               "res_scale_hs.bias": "model.res_scale.hidden_states_bias",
+               "res_scale_res.weight": "model.res_scale.residual_scale",
+               "res_scale_res.bias": "model.res_scale.residual_bias"}
+GGUF_BLOCK = {   # blk.N.<key> -> model.layers.N.<value> (N = the legacy half-layer)
+    "attn_norm.weight": "input_norm.weight",
+    "res_scale_hs.weight": "res_scale.hidden_states_scale", "res_scale_hs.bias": "res_scale.hidden_states_bias",
+    "res_scale_res.weight": "res_scale.residual_scale", "res_scale_res.bias": "res_scale.residual_bias",
+    "attn_q.weight": "self_attn.qkv.linear_q.weight", "attn_k.weight": "self_attn.qkv.linear_k.weight",
+    "cca_val_proj1.weight": "self_attn.qkv.val_proj1.weight", "cca_val_proj2.weight": "self_attn.qkv.val_proj2.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ssm_conv1d.weight": "self_attn.qkv.conv_qk.0.weight",      # {k, C}: the depthwise [C, 1, k] squeezed
+    "ssm_conv1d.bias": "self_attn.qkv.conv_qk.0.bias",
+    "cca_conv_grp.weight": "self_attn.qkv.conv_qk.1.weight", "cca_conv_grp.bias": "self_attn.qkv.conv_qk.1.bias",
+    "cca_k_scale.weight": "self_attn.qkv.temp",
+    "ffn_gate_inp.weight": "zaya_block.router.down_proj.weight", "ffn_gate_inp.bias": "zaya_block.router.down_proj.bias",
+    "ffn_norm.weight": "zaya_block.router.rmsnorm_eda.weight",
+    "ffn_gate.weight": "zaya_block.router.router_mlp.0.weight", "ffn_gate.bias": "zaya_block.router.router_mlp.0.bias",
+    "zaya_router_mlp2.weight": "zaya_block.router.router_mlp.2.weight",
+    "zaya_router_mlp2.bias": "zaya_block.router.router_mlp.2.bias",
+    "zaya_router_mlp4.weight": "zaya_block.router.router_mlp.4.weight",
+    "zaya_router_biases.weight": "zaya_block.router.balancing_biases",
+    "zaya_router_eda.weight": "zaya_block.router.router_states_scale",
+}
+GGUF_EXPERTS = {"ffn_gate_up_exps.weight": "linear_fc1", "ffn_down_exps.weight": "linear_fc2"}   # {H, 2I, E} / {I, H, E}
+
+
+def is_gguf(path):
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == gguf.GGUF_MAGIC or path.endswith(".gguf")
+
+
+class GGUFPortTensors:
+    """The GGUF's tensors as legacy-named float32 tensors, with the interface of SafetensorsFile."""
+
+    def __init__(self, g):
+        self.g, self.path = g, g.path
+        self.tensors, self.src = {}, {}
+        self.types = {}                     # GGUF tensor name -> its type, for the log
+
+    def add(self, name, gname, shape, first_row=0):
+        n = 1
+        for d in shape:
+            n *= d
+        self.tensors[name] = ("F32", tuple(shape), 0, 4 * n)
+        self.src[name] = (gname, first_row)
+        self.types[gname] = self.g.tensors[gname].type
+
+    def read(self, name, begin, end):
+        gname, row0 = self.src[name]
+        ne0 = self.g.tensors[gname].ne[0]
+        end = min(end, self.tensors[name][3])
+        e0, e1 = begin // 4, end // 4
+        r0, r1 = e0 // ne0, -(-e1 // ne0)
+        values = self.g.dequantize(gname, row0 + r0, r1 - r0)
+        return values.tobytes()[4 * (e0 - r0 * ne0):4 * (e1 - r0 * ne0)]
+
+
+def gguf_scalar(g, key, kind=int, where=None):
+    v = g.kv.get(key)
+    if isinstance(v, list) and v and all(x == v[0] for x in v):     # per-layer arrays: only uniform ones
+        v = v[0]
+    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+        fail(f"the GGUF has no usable '{key}'", where or g.path, f"a {kind.__name__}", repr(v)[:100],
+             "is this a GGUF of llama.cpp's ZAYA port (general.architecture = zaya)?")
+    return v
+
+
+def gguf_legacy_config(g, gname_of):
+    """The legacy config.json the port's converter read, rebuilt from the GGUF's metadata and shapes.
+    The GGUF has no sliding windows, no sliding-layer RoPE theta and no cca_time1 key: the port computes
+    every layer with full attention; cca_time1 is read from the grouped convolution's shape."""
+    a = "zaya."
+    d = gguf_scalar(g, a + "attention.key_length")
+    if g.kv.get(a + "attention.value_length", d) != d:
+        fail("the GGUF's key and value head sizes differ", g.path, f"value_length {d}", g.kv[a + "attention.value_length"])
+    emb = g.tensors.get("token_embd.weight")
+    grp = g.tensors.get(gname_of.get("model.layers.0.self_attn.qkv.conv_qk.1.weight", ""))
+    if emb is None or grp is None or len(emb.ne) != 2 or len(grp.ne) != 3:
+        fail("the GGUF lacks token_embd.weight or blk.0.cca_conv_grp.weight", g.path,
+             hint="is this a GGUF of llama.cpp's ZAYA port?")
+    rot = gguf_scalar(g, a + "rope.dimension_count")
+    cfg = {
+        "hidden_size": gguf_scalar(g, a + "embedding_length"), "num_hidden_layers": gguf_scalar(g, a + "block_count"),
+        "num_attention_heads": gguf_scalar(g, a + "attention.head_count"),
+        "num_key_value_heads": gguf_scalar(g, a + "attention.head_count_kv"),
+        "num_query_groups": gguf_scalar(g, a + "attention.head_count_kv"), "head_dim": d,
+        "ffn_hidden_size": 2 * gguf_scalar(g, a + "feed_forward_length"),
+        "zaya_mlp_expansion": gguf_scalar(g, a + "expert_feed_forward_length"),
+        "num_experts": gguf_scalar(g, a + "expert_count"), "moe_router_topk": gguf_scalar(g, a + "expert_used_count"),
+        "cca_time0": gguf_scalar(g, a + "ssm.conv_kernel"), "cca_time1": grp.ne[0],
+        "norm_epsilon": float(gguf_scalar(g, a + "attention.layer_norm_rms_epsilon", float)),
+        "rope_theta": float(gguf_scalar(g, a + "rope.freq_base", float)),
+        "partial_rotary_factor": rot / d, "vocab_size": emb.ne[1],
+        "max_position_embeddings": gguf_scalar(g, a + "context_length"),
+        "tie_word_embeddings": "output.weight" not in g.tensors,
+    }
+    for key, tk in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"), ("pad_token_id", "padding_token_id")):
+        if "tokenizer.ggml." + tk in g.kv:
+            cfg[key] = gguf_scalar(g, "tokenizer.ggml." + tk)
+    return cfg
+
+
+def f32_of(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def check_against_checkpoint(c, ck, gpath, cpath):
+    """The GGUF's hyper-parameters must be the checkpoint's; the keys the GGUF lacks come from the checkpoint."""
+    same = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "num_experts",
+            "num_experts_per_tok", "moe_intermediate_size", "router_hidden_size", "cca_time0", "cca_time1", "bos_token_id"]
+    pairs = [(k, c[k], ck[k]) for k in same]
+    pairs += [("rms_norm_eps (float32)", f32_of(c["rms_norm_eps"]), f32_of(ck["rms_norm_eps"])),
+              ("rope_theta of full-attention layers (float32)", f32_of(c["rope_theta"]["hybrid"]),
+               f32_of(ck["rope_theta"]["hybrid"])),
+              ("partial_rotary_factor", c["partial_rotary_factor"]["hybrid"], ck["partial_rotary_factor"]["hybrid"])]
+    for key, got, want in pairs:
+        if got != want:
+            fail("the GGUF's hyper-parameters differ from the checkpoint's config.json", f"{gpath} vs {cpath}: {key}",
+                 want, got, "give --tokenizer the checkpoint folder this GGUF was converted from")
+    if c["vocab_size"] > ck["vocab_size"]:
+        fail("the GGUF's embedding has more rows than the checkpoint's vocab_size", f"{gpath} vs {cpath}",
+             f"<= {ck['vocab_size']}", c["vocab_size"])
+    for key in ("layer_types", "sliding_window", "eos_token_ids", "pad_token_id", "max_position_embeddings",
+                "router_norm_eps"):
+        c[key] = ck[key]
+    for key in ("rope_theta", "partial_rotary_factor"):
+        c[key] = {"hybrid": c[key]["hybrid"], "hybrid_sliding": ck[key]["hybrid_sliding"]}
+    return c
+
+
+def open_port_gguf(path, tokenizer, log):
+    """(cfg, cfg_path, where, layout, c, tokenizer folder) for a GGUF of llama.cpp's ZAYA port."""
+    try:
+        g = gguf.GGUFFile(path)
+    except gguf.GGUFError as e:
+        raise ExportError(str(e))
+    arch = g.kv.get("general.architecture")
+    if arch != "zaya":
+        fail("the GGUF is not a ZAYA model", f"{g.path}: general.architecture", "'zaya'", repr(arch),
+             "export_weights.py reads GGUFs written by llama.cpp's ZAYA port (convert_hf_to_gguf.py, ZayaModel)")
+    if tokenizer is None:
+        fail("a GGUF needs --tokenizer DIR", path, "--tokenizer with a folder holding tokenizer.json and "
+             "tokenizer_config.json (or .gz)", "no --tokenizer",
+             "give the checkpoint folder the GGUF was converted from (its config.json is then checked against the "
+             "GGUF and supplies the sliding windows the GGUF does not store); the GGUF's own tokenizer.ggml.* "
+             "vocabulary is not read")
+    src = GGUFPortTensors(g)
+    gname_of = {}
+    half = g.kv.get("zaya.block_count")
+    n_exp = g.kv.get("zaya.expert_count")
+    for gname, t in g.tensors.items():
+        m = re.match(r"blk\.(\d+)\.(.*)$", gname)
+        if m and m.group(2) in GGUF_EXPERTS and isinstance(n_exp, int) and len(t.ne) == 3:
+            if t.ne[2] != n_exp:
+                fail("the GGUF's stacked experts do not match its expert count", f"{path}: {gname}",
+                     f"{n_exp} experts (zaya.expert_count)", t.ne[2])
+            rows = t.ne[1]
+            for e in range(n_exp):
+                name = f"model.layers.{m.group(1)}.zaya_block.experts.local_experts.{e}.{GGUF_EXPERTS[m.group(2)]}.weight"
+                src.add(name, gname, t.shape[1:], e * rows)
+                gname_of[name] = gname
+            continue
+        if m and m.group(2) in GGUF_BLOCK:
+            name = f"model.layers.{m.group(1)}.{GGUF_BLOCK[m.group(2)]}"
+        elif gname in GGUF_GLOBAL:
+            name = GGUF_GLOBAL[gname]
+        else:
+            fail("the GGUF has a tensor the ZAYA port's converter does not write", f"{path}: {gname}",
+                 "the names of convert_hf_to_gguf.py's ZayaModel (docs/checkpoints.md)", gname,
+                 "is this a GGUF of llama.cpp's ZAYA port, or of another version of it?")
+        shape = t.shape
+        if m and m.group(2) == "ssm_conv1d.weight" and len(shape) == 2:
+            shape = (shape[0], 1, shape[1])           # the converter squeezed the depthwise conv's middle 1
+        src.add(name, gname, shape)
+        gname_of[name] = gname
+    if half is not None and not isinstance(half, int):
+        fail("the GGUF has no usable 'zaya.block_count'", path, "an integer", repr(half))
+    cfg = gguf_legacy_config(g, gname_of)
+    where = {name: src for name in src.tensors}
+    c = legacy_to_native_config(cfg, f"{path} (metadata)")
+    c["vocab_size"] = cfg["vocab_size"]
+    cfg_path = f"{path} (metadata)"
+    notes = []
+    ck_cfg = os.path.join(tokenizer, "config.json") if tokenizer else None
+    if os.path.isfile(ck_cfg):
+        ck_raw = read_json(ck_cfg, "config.json")
+        if not isinstance(ck_raw, dict):
+            fail("config.json is not a JSON object", ck_cfg)
+        native = not any(k in ck_raw for k in LEGACY_CONFIG_KEYS) and "zaya_layers" not in ck_raw
+        ck = native_config(ck_raw, ck_cfg) if native else legacy_to_native_config(ck_raw, ck_cfg)
+        c = check_against_checkpoint(c, ck, path, ck_cfg)
+        notes.append(f"hyper-parameters from the GGUF, checked against {ck_cfg}; sliding windows and the sliding "
+                     "layers' RoPE from it (the GGUF stores none)")
+    else:
+        notes.append("hyper-parameters from the GGUF alone: every layer full attention with one RoPE theta, as "
+                     "the port computes (the GGUF stores no sliding windows)")
+    count = {}
+    for t in src.types.values():
+        count[t] = count.get(t, 0) + 1
+    log(f"GGUF: {path}: {len(g.tensors)} tensors (" + ", ".join(f"{n} {t}" for t, n in sorted(count.items()))
+        + f"), dequantized as ggml does; vocabulary {c['vocab_size']} rows")
+    for n in notes:
+        log("note: " + n)
+    log(f"note: tokenizer from {tokenizer}")
+    if isinstance(g.kv.get("tokenizer.ggml.tokens"), list):
+        c["gguf_n_tokens"] = len(g.kv["tokenizer.ggml.tokens"])
+    return cfg, cfg_path, where, "legacy", c, tokenizer
+
+
+def check_gguf_tokenizer(c, tok, path, tok_dir):
+    """The tokenizer folder must have as many ids as the GGUF's own vocabulary (tokenizer.ggml.tokens)."""
+    (n,) = struct.unpack_from("<I", tok, 32)
+    if n != c["gguf_n_tokens"]:
+        fail("the tokenizer folder does not match the GGUF's vocabulary", f"{tok_dir} vs {path}",
+             f"{c['gguf_n_tokens']} token ids (tokenizer.ggml.tokens)", f"{n} ids in tokenizer.json",
+             "give --tokenizer the checkpoint folder this GGUF was converted from")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Export a Hugging Face ZAYA1 checkpoint folder to a zaya.c blob.")
     ap.add_argument("checkpoint", help="folder with config.json, *.safetensors, tokenizer.json, tokenizer_config.json "
-                    "(or their .gz)")
+                    "(or their .gz); or a .gguf of llama.cpp's ZAYA port (with --tokenizer)")
     ap.add_argument("out", help="output blob, e.g. zaya1-8b.bin")
     ap.add_argument("--dtype", choices=sorted(DTYPE_CODES), default="fp32",
                     help="format of the big matrices (default fp32; bf16 keeps the hub's exact weights)")
@@ -1491,11 +1732,15 @@ def main(argv=None):
     ap.add_argument("--weights", action="append", metavar="PORT.safetensors",
                     help="a port's own (dequantized) weights: F32/F16/BF16 tensors under the HF native names "
                          "(docs/architecture.md 2.2) that replace the checkpoint's, stored exactly; repeatable")
+    ap.add_argument("--tokenizer", metavar="DIR", default=None,
+                    help="GGUF input only: the folder with tokenizer.json and tokenizer_config.json (the checkpoint "
+                         "the GGUF came from; its config.json, if there, is checked against the GGUF's metadata and "
+                         "gives the sliding windows the GGUF does not store)")
     args = ap.parse_args(argv)
     try:
         export(args.checkpoint, args.out, args.dtype, args.group_size,
                None if args.chat_format == "auto" else args.chat_format, keep_quantized=args.keep_quantized_experts,
-               port_weights=args.weights)
+               tokenizer=args.tokenizer, port_weights=args.weights)
     except ExportError as e:
         print(f"export_weights.py: error: {e}", file=sys.stderr)
         try:

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# bisect_llama.sh - from a GGUF of llama.cpp's ZAYA port and a prompt to zaya.c's layer-local table.
+#
+#   LLAMA=LLAMA_CPP_CHECKOUT tools/bisect_llama.sh MODEL.gguf (--ids 2,818,... | --prompt TEXT) [--out DIR]
+#       [--blob PORT_WEIGHTS.bin] [--config CKPT_DIR] [--keep-skip] [--kv f32|f16] [--fa off|on] [--threads N]
+#       [--map MAP.json] [--commit SHA]
+#
+# 1. capture: tools/llama_capture.cpp (built once against $LLAMA: include/, ggml/include/, and the shared
+#    libraries in $LLAMA_LIB, default $LLAMA/build/bin) runs the GGUF on the ids and writes the graph tensors
+#    the map names (OUT/raw);
+# 2. map: zaya_compare.portmap applies maps/llama.cpp-zaya1.json: OUT/port, a zaya.c dump under HF names;
+# 3. the port's own weights: --blob, else `export_weights.py MODEL.gguf OUT/port-weights.bin` (the GGUF's
+#    tensors as ggml dequantizes them; --config CKPT_DIR adds what the GGUF lacks, e.g. sliding windows);
+#    then, unless --keep-skip, tools/forbid_skip.py: the port never picks the skip class, so neither may
+#    the replay (OUT/port-weights-noskip.bin);
+# 4. zaya.c on those weights and ids (OUT/zaya: the end-to-end column) and the layer-local replay of
+#    OUT/port (compare.py --local --model, fp32 like the port; --verbose lists every mapped tap, agreeing
+#    or not). Prints the table and FIRST LOCAL ERROR, then which taps agree in every layer and which steps
+#    add error beyond their inputs' (zaya_compare.portmap --steps: a hint where to read the port's code).
+#    Exit status that of compare.py (0 agree, 1 a local error, 2 an input error).
+# Defaults: f32 KV cache and no flash attention, so that what differs is the port's graph rather than
+# llama.cpp's run-time options (--kv f16 / --fa on to see those).
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+die() { echo "bisect_llama: $1" >&2; [ -n "${2:-}" ] && echo "  hint: $2" >&2; exit 2; }
+[ $# -ge 1 ] || die "usage: LLAMA=DIR tools/bisect_llama.sh MODEL.gguf (--ids IDS | --prompt TEXT) [--out DIR] [--blob BIN] [--config DIR] [--keep-skip] [--kv f32|f16] [--fa off|on] [--threads N] [--map MAP] [--commit SHA]"
+GGUF="$1"; shift
+IDS=""; PROMPT=""; OUT=""; BLOB=""; CONFIG=""; KEEP_SKIP=0; KV=f32; FA=off; THREADS=2; MAP="$HERE/maps/llama.cpp-zaya1.json"; COMMIT=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --ids) IDS="$2"; shift 2 ;;
+        --prompt) PROMPT="$2"; shift 2 ;;
+        --out) OUT="$2"; shift 2 ;;
+        --blob) BLOB="$2"; shift 2 ;;
+        --config) CONFIG="$2"; shift 2 ;;
+        --keep-skip) KEEP_SKIP=1; shift ;;
+        --kv) KV="$2"; shift 2 ;;
+        --fa) FA="$2"; shift 2 ;;
+        --threads) THREADS="$2"; shift 2 ;;
+        --map) MAP="$2"; shift 2 ;;
+        --commit) COMMIT="$2"; shift 2 ;;
+        *) die "unknown argument $1" ;;
+    esac
+done
+[ -f "$GGUF" ] || die "$GGUF: no such GGUF" "a GGUF written by the port's convert_hf_to_gguf.py"
+[ -n "$IDS$PROMPT" ] || die "give --ids 2,818,... or --prompt TEXT"
+LLAMA="${LLAMA:-}"; [ -n "$LLAMA" ] || die "set LLAMA to a built llama.cpp checkout of the port" "LLAMA=~/llama.cpp (its include/, ggml/include/ and build/bin/libllama.so)"
+LLAMA_LIB="${LLAMA_LIB:-$LLAMA/build/bin}"
+[ -e "$LLAMA_LIB/libllama.so" ] || die "no libllama.so in $LLAMA_LIB" "build llama.cpp (cmake -B build && cmake --build build --target llama), or set LLAMA_LIB"
+OUT="${OUT:-$(basename "$GGUF" .gguf)-bisect}"; mkdir -p "$OUT"
+PY="${PY:-}"
+if [ -z "$PY" ]; then
+    for p in python3 /usr/bin/python3; do "$p" -c "import numpy" 2>/dev/null && { PY="$p"; break; }; done
+fi
+[ -n "$PY" ] || die "no python3 with numpy" "apt-get install python3-numpy, or PY=/path/to/python3"
+[ -x "$HERE/zaya" ] || (cd "$HERE" && make zaya >/dev/null) || die "cannot build ./zaya" "make zaya"
+
+CAP="$HERE/build/llama_capture"
+if [ ! -x "$CAP" ] || [ "$HERE/tools/llama_capture.cpp" -nt "$CAP" ]; then
+    mkdir -p "$HERE/build"
+    echo "+ g++ ... tools/llama_capture.cpp (against $LLAMA)"
+    g++ -O2 -std=c++17 -I"$LLAMA/include" -I"$LLAMA/ggml/include" -o "$CAP" "$HERE/tools/llama_capture.cpp" \
+        -L"$LLAMA_LIB" -lllama -lggml -lggml-base -Wl,-rpath,"$LLAMA_LIB" || die "cannot build tools/llama_capture.cpp against $LLAMA"
+fi
+
+if [ -z "$BLOB" ]; then
+    BLOB="$OUT/port-weights.bin"
+    echo "+ python3 export_weights.py $GGUF $BLOB${CONFIG:+ --tokenizer $CONFIG}"
+    (cd "$HERE" && python3 export_weights.py "$GGUF" "$BLOB" ${CONFIG:+--tokenizer "$CONFIG"}) > "$OUT/export.log" 2>&1 \
+        || { tail -5 "$OUT/export.log" >&2; die "export_weights.py could not read $GGUF" "give the port's weights as --blob BIN"; }
+fi
+if [ "$KEEP_SKIP" = 0 ]; then
+    echo "+ python3 tools/forbid_skip.py $BLOB $OUT/port-weights-noskip.bin   (the port never picks the skip class)"
+    python3 "$HERE/tools/forbid_skip.py" "$BLOB" "$OUT/port-weights-noskip.bin" > "$OUT/forbid_skip.log" || die "forbid_skip.py failed"
+    BLOB="$OUT/port-weights-noskip.bin"
+fi
+if [ -n "$PROMPT" ]; then
+    # like ./zaya -i: the tokenizer's prefix (<bos>) and the text, without the suffix its post-processor appends
+    FULL="$(printf '%s' "$PROMPT" | "$HERE/zaya" "$BLOB" --encode)" || die "./zaya --encode failed" "the blob needs a tokenizer"
+    EMPTY="$(printf '' | "$HERE/zaya" "$BLOB" --encode)"
+    IDS="$("$PY" -c "import sys
+f, e = [list(map(int, s.replace(',', ' ').split())) for s in sys.argv[1:3]]
+n = 0
+while n < len(e) and n < len(f) and e[n] == f[n]: n += 1
+suffix = e[n:]
+print(','.join(map(str, f[:len(f) - len(suffix)] if suffix and f[-len(suffix):] == suffix else f)))" "$FULL" "$EMPTY")"
+fi
+if [ -z "$COMMIT" ]; then
+    COMMIT="$(git -C "$LLAMA" rev-parse HEAD 2>/dev/null || "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['port'].get('commit','unknown'))" "$MAP")"
+fi
+echo "ids: $IDS"
+
+RE="$(cd "$HERE" && "$PY" -m zaya_compare.portmap "$MAP" --regex)"
+echo "+ llama_capture $GGUF --ids ... --out $OUT/raw --kv $KV --fa $FA"
+"$CAP" "$GGUF" --ids "$IDS" --out "$OUT/raw" --re "$RE" --commit "$COMMIT" --kv "$KV" --fa "$FA" --threads "$THREADS" \
+    > "$OUT/capture.log" 2>&1 || { tail -5 "$OUT/capture.log" >&2; die "the capture failed (log: $OUT/capture.log)"; }
+tail -1 "$OUT/capture.log"
+echo "+ python3 -m zaya_compare.portmap $MAP $OUT/raw $OUT/port"
+(cd "$HERE" && "$PY" -m zaya_compare.portmap "$MAP" "$OUT/raw" "$OUT/port" --verbose)
+echo "+ ./zaya $BLOB --ids ... --dump $OUT/zaya"
+rm -rf "$OUT/zaya"
+"$HERE/zaya" "$BLOB" --ids "$IDS" -n 0 --dump "$OUT/zaya" > "$OUT/zaya.log" 2>&1 || { tail -3 "$OUT/zaya.log" >&2; die "./zaya failed"; }
+PREC=""; [ "$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('precision','fp32'))" "$MAP")" = bf16 ] && PREC="--bf16"
+echo "+ python3 compare.py --local $OUT/port --model $BLOB --reference $OUT/zaya --verbose $PREC"
+set +e
+"$PY" "$HERE/compare.py" --local "$OUT/port" --model "$BLOB" --replay-out "$OUT/replay" --reference "$OUT/zaya" --verbose $PREC | tee "$OUT/local.txt"
+rc=${PIPESTATUS[0]}
+set -e
+(cd "$HERE" && "$PY" -m zaya_compare.portmap --steps "$OUT/local.txt") | tee -a "$OUT/local.txt"
+(cd "$HERE" && "$PY" -m zaya_compare.portmap --globals "$OUT/port" "$OUT/zaya") | tee -a "$OUT/local.txt" || rc=1
+if [ -f "$OUT/port/approximate/index.json" ]; then
+    (cd "$HERE" && "$PY" -m zaya_compare.portmap --approximate "$OUT/port/approximate" "$OUT/replay_fp32")
+fi
+exit "$rc"

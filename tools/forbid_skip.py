@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""forbid_skip.py BLOB OUT [--bias B] - a copy of a zaya.c blob whose router can never choose the skip class.
+
+Some ports route over the E real experts only (llama.cpp's ZAYA port: top-k over probs[:E] + biases[:E],
+src/models/zaya.cpp; it never picks the skip class E). Where the official router would pick the skip class
+such a port differs by design, and zaya.c's replay of it would report that difference in every MoE layer
+where it happens. In the copy, every layer's mlp.gate.balancing_biases[E] is B (default -1e4, far below any
+probability + bias), so zaya.c's top-1 over E+1 classes equals the port's top-1 over E: the rest of the
+comparison is then about the port's computation. The tensor's CRC and the header CRC are updated
+(`zaya --verify` passes). Standard library only.
+"""
+import argparse
+import shutil
+import struct
+import sys
+import zlib
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("blob")
+    ap.add_argument("out", help="the copy to write (may be BLOB itself: patched in place)")
+    ap.add_argument("--bias", type=float, default=-1e4, help="the skip class's balancing bias (default -1e4)")
+    a = ap.parse_args(argv)
+    try:
+        if a.out != a.blob:
+            shutil.copyfile(a.blob, a.out)
+        with open(a.out, "r+b") as f:
+            hdr = bytearray(f.read(1024))
+            if hdr[:8] != b"ZAYABLOB":
+                raise ValueError(f"{a.blob} is not a zaya.c blob (no ZAYABLOB magic)")
+            diroff, = struct.unpack_from("<Q", hdr, 24)
+            n, = struct.unpack_from("<I", hdr, 32)
+            f.seek(diroff)
+            d = bytearray(f.read(192 * n))
+            if len(d) != 192 * n:
+                raise ValueError(f"{a.blob}: the tensor directory is cut short")
+            done = 0
+            for i in range(n):
+                e = 192 * i
+                name = bytes(d[e:e + 128]).split(b"\0")[0].decode()
+                if not name.endswith("mlp.gate.balancing_biases"):
+                    continue
+                dtype, = struct.unpack_from("<I", d, e + 128)
+                shape = struct.unpack_from("<4Q", d, e + 136)
+                off, size = struct.unpack_from("<QQ", d, e + 168)
+                if dtype != 0 or size != 4 * shape[0]:
+                    raise ValueError(f"{name}: expected float32 [{shape[0]}], found dtype {dtype}, {size} bytes")
+                f.seek(off)
+                data = bytearray(f.read(size))
+                old = struct.unpack_from("<f", data, size - 4)[0]
+                struct.pack_into("<f", data, size - 4, a.bias)
+                f.seek(off)
+                f.write(data)
+                struct.pack_into("<I", d, e + 184, zlib.crc32(bytes(data)) & 0xFFFFFFFF)
+                done += 1
+                print(f"{name}: skip-class bias {old:+.4g} -> {a.bias:g}")
+            if not done:
+                raise ValueError(f"{a.blob} has no mlp.gate.balancing_biases")
+            struct.pack_into("<I", hdr, 12, 0)
+            struct.pack_into("<I", hdr, 12, zlib.crc32(bytes(hdr) + bytes(d)) & 0xFFFFFFFF)
+            f.seek(0)
+            f.write(hdr)
+            f.seek(diroff)
+            f.write(d)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}\n  hint: BLOB is a blob written by export_weights.py", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
