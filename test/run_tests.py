@@ -32,6 +32,8 @@ TESTS = [
     ("portmap", [sys.executable, "test/test_portmap.py"]),
     ("compare", [sys.executable, "test/test_compare.py"]),
     ("precision", [sys.executable, "test/test_precision.py"]),
+    ("port_weights", [sys.executable, "test/test_port_weights.py"]),
+    ("quant", [sys.executable, "test/test_quant.py"]),
     ("formats", [sys.executable, "test/test_formats.py"]),
     ("golden_hf", [sys.executable, "test/test_golden_hf.py"]),
     ("trace", [sys.executable, "test/test_trace.py"]),
