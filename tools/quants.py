@@ -203,15 +203,16 @@ def int4_pal(x, group=PAL_GROUP, lut_dtype="float32"):
     E, out, inn = m.shape
     if out % group:
         raise NotQuantizable(f"{out} output channels are not a multiple of the group size {group}")
-    g = m.reshape(E * out // group, group * inn).astype(np.float64)
-    c = _kmeans_1d(g)
-    lut = c.astype(np.float32)
-    if lut_dtype == "float16":
-        lut = _f16(lut)
-    mids = (lut[:, 1:].astype(np.float64) + lut[:, :-1]) / 2
+    g = m.reshape(E * out // group, group * inn)
     res = np.empty(g.shape, np.float32)
-    for i in range(g.shape[0]):                    # nearest entry; a tie goes to the lower entry
-        res[i] = lut[i][np.searchsorted(mids[i], g[i], side="left")]
+    step = max(1, (1 << 22) // g.shape[1])         # groups per k-means batch (bounded memory)
+    for a in range(0, g.shape[0], step):
+        lut = _kmeans_1d(g[a:a + step].astype(np.float64)).astype(np.float32)
+        if lut_dtype == "float16":
+            lut = _f16(lut)
+        mids = (lut[:, 1:].astype(np.float64) + lut[:, :-1]) / 2
+        for i in range(lut.shape[0]):              # nearest entry; a tie goes to the lower entry
+            res[a + i] = lut[i][np.searchsorted(mids[i], g[a + i], side="left")]
     return res.reshape(x.shape)
 
 
