@@ -5,18 +5,20 @@
 Reads a native-layout checkpoint folder's model.safetensors, quantizes the chosen matrices as ggml does
 and writes their dequantized values (float32) under the same HF names: what a port writes after
 dequantizing its own weights, for export_weights.py --weights.
-  Q8_0 (ggml quantize_row_q8_0_ref): blocks of 32 along the input dimension, d = max|x| / 127,
-       q = round(x / d) (half away from zero), value = q x fp16(d).
-  Q4_0 (ggml quantize_row_q4_0_ref): blocks of 32, d = (the signed value of largest magnitude) / -8,
-       q = min(15, trunc(x / d + 8.5)), value = (q - 8) x fp16(d).
+  Q8_0 and Q4_0 as ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref (tools/quants.py), blocks along
+  the input dimension.
 A row shorter than 32 or not a multiple of it (the compact fixture: hidden 16, expert width 24) is
 split into the largest block length <= 32 that divides it: ggml itself would refuse such a row.
 """
 import json
+import os
 import struct
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+import quants  # noqa: E402  (tools/quants.py: ggml's reference quantizers)
 
 GROUPS = {
     "attention": ("self_attn.qkv_proj.q_proj.weight", "self_attn.qkv_proj.k_proj.weight",
@@ -67,28 +69,10 @@ def block_len(cols):
 
 
 def quantize(w, qtype):
-    """The dequantized values of w (float32, any shape; blocks along the last dimension)."""
+    """The dequantized values of w (float32, any shape; blocks along the last dimension): tools/quants.py's
+    ggml quantizers with the block length of block_len()."""
     w = np.asarray(w, np.float32)
-    qk = block_len(w.shape[-1])
-    x = w.reshape(-1, qk)
-    if qtype == "q8_0":
-        amax = np.abs(x).max(axis=1, keepdims=True)
-        d = amax / np.float32(127)
-        inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
-        xs = x * inv
-        a = np.abs(xs).astype(np.float64)                             # roundf: half away from zero, exactly
-        q = np.copysign(np.floor(a + 0.5), xs) + 0.0                  # (in float32, x + 0.5 may round up); an int8
-                                                                      # has no -0: + 0.0 makes -0.0 +0.0, as ggml's
-    elif qtype == "q4_0":
-        idx = np.abs(x).argmax(axis=1)                                # the first of equal magnitudes, as ggml's `<`
-        mx = x[np.arange(len(x)), idx][:, None]
-        d = mx / np.float32(-8)
-        inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
-        q = np.minimum(15, np.trunc(x * inv + np.float32(8.5)).astype(np.int32).astype(np.int8)) - 8
-    else:
-        raise ValueError(qtype)
-    dh = d.astype(np.float16).astype(np.float32)
-    return (q.astype(np.float32) * dh).reshape(w.shape)
+    return quants.fake_quant(w, {"q8_0": "Q8_0", "q4_0": "Q4_0"}[qtype], block=block_len(w.shape[-1]))
 
 
 def quantized_port(ckpt_tensors, qtype, groups=("experts", "attention")):

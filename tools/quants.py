@@ -26,8 +26,9 @@ ggml's ne0. A last axis that is not a multiple of the block (32, or 256 for Q4_K
 that type; fake_quant raises NotQuantizable (llama.cpp falls back to another type for such tensors).
 Checked against values ggml computed: test/test_quant_sensitivity.py (rows of test/fixtures/gguf/).
 
-INT4-pal differs from coremltools where coremltools itself is not deterministic or not documented:
-coremltools runs scikit-learn's KMeans (k-means++ seeding) per group; here k-means is Lloyd's
+INT4-pal differs from coremltools in how the table is fitted:
+coremltools runs the exact optimal 1-D k-means (kmeans1d) on fp16 groups of >= 10,000 values, scikit-learn's
+KMeans (k-means++) on smaller ones; here k-means is Lloyd's (weight MSE 1.25x-2.6x the optimal, tools/check_int4_pal.py)
 algorithm in float64 from a deterministic start (the 16 quantiles (2i+1)/32 of the group's values),
 KMEANS_ITERS iterations, ties to the lower entry; the table is float32 (coremltools' LUT dtype defaults
 to the weight's dtype: fp16 for an fp16 Core ML model, so a real Core ML LUT is additionally rounded to
@@ -73,8 +74,8 @@ def _seqsum(a):
     return acc
 
 
-def q8_0(x):
-    b = x.reshape(-1, 32)
+def q8_0(x, block=32):
+    b = x.reshape(-1, block)
     amax = np.max(np.abs(b), axis=1)
     d = (amax / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore"):
@@ -83,8 +84,8 @@ def q8_0(x):
     return (q * _f16(d)[:, None]).astype(np.float32).reshape(x.shape)
 
 
-def q4_0(x):
-    b = x.reshape(-1, 32)
+def q4_0(x, block=32):
+    b = x.reshape(-1, block)
     i = np.argmax(np.abs(b), axis=1)               # first of equal |x|, as the C loop's strict '<'
     mx = b[np.arange(b.shape[0]), i]
     d = (mx / np.float32(-8)).astype(np.float32)
@@ -216,18 +217,23 @@ def int4_pal(x, group=PAL_GROUP, lut_dtype="float32"):
     return res.reshape(x.shape)
 
 
-def fake_quant(w, qtype, rows_per_chunk=4096):
+def fake_quant(w, qtype, rows_per_chunk=4096, block=None):
     """w (any float array, last axis = the block axis) -> float32 of the same shape, quantized and
-    dequantized in qtype. Raises NotQuantizable when the shape does not allow the type."""
+    dequantized in qtype. Raises NotQuantizable when the shape does not allow the type. block: another
+    block length for Q8_0 / Q4_0 (ggml has only 32; tests use shorter ones on rows narrower than 32)."""
     w = np.asarray(w, np.float32)
     if qtype == "INT4-pal":
         return int4_pal(w)
     if qtype not in BLOCK:
         raise ValueError(f"unknown type {qtype!r}; known: {', '.join(TYPES)}")
-    blk = BLOCK[qtype]
+    if block is not None and qtype not in ("Q8_0", "Q4_0"):
+        raise ValueError(f"{qtype} has a fixed block of {BLOCK[qtype]}")
+    blk = block or BLOCK[qtype]
     if w.ndim < 1 or w.shape[-1] % blk:
         raise NotQuantizable(f"last axis {w.shape[-1] if w.ndim else 0} is not a multiple of {qtype}'s block of {blk}")
     fn = {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_K": q4_k}[qtype]
+    if block is not None:
+        fn = (lambda f: lambda r: f(r, blk))(fn)
     rows = w.reshape(-1, w.shape[-1])
     out = np.empty_like(rows)
     for a in range(0, rows.shape[0], rows_per_chunk):
