@@ -7,6 +7,8 @@
                        [--json OUT]           (is it bf16 or a bug? docs/compare.md §8)
     python3 compare.py --local PORT_DIR REPLAY_DIR | --local PORT_DIR --model MODEL.bin [--bf16]
                        [--reference REF_DIR] [--replay-out PREFIX]   (which layer introduces the error)
+    python3 compare.py --quant PORT_DIR --model PORTWEIGHTS.bin --exact EXACT.bin [--bf16] [--replay-out PREFIX]
+                       (a quantized port: its quantization beside its computation, docs/compare.md §10)
 
 A dump is a folder with index.json and one NumPy .npy file per tensor (docs/compare.md), or one
 .safetensors file holding the same tensors with index.json's fields in its __metadata__
@@ -44,6 +46,7 @@ from zaya_compare.names import NEAR_TIE, execution_order, kind_of, layer_of  # n
 
 # (module of zaya_compare, wants(args)): the first view whose test is true runs
 VIEWS = [
+    ("quant", lambda a: a.quant),
     ("local", lambda a: a.local),
     ("envelope", lambda a: a.envelope is not None),
     ("endtoend", lambda a: True),

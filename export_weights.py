@@ -3,6 +3,7 @@
 
     python3 export_weights.py CKPT_DIR OUT.bin [--dtype fp32|bf16|int8] [--group-size 64]
                               [--chat-format auto|chatml|gemma|none] [--keep-quantized-experts]
+                              [--weights PORT.safetensors]
 
 CKPT_DIR is a folder as published on the hub: config.json, model.safetensors (or sharded
 model-0000N-of-0000M.safetensors + model.safetensors.index.json), tokenizer.json and
@@ -19,6 +20,11 @@ Quantized expert checkpoints (Zyphra's FP8-Experts / MXFP4-Experts, compressed-t
 `quantization_config`) are recognised and their experts dequantized exactly as the official code does
 (docs/quantized-experts.md); with --keep-quantized-experts the experts stay FP8 / MXFP4 in the blob
 (format version 2; the other matrices take --dtype) and the engine dequantizes them as it reads them.
+
+With --weights, a port's own weights (F32/F16/BF16 safetensors under the HF native names, as a Core ML,
+MLX or PyTorch port writes them after dequantizing) replace the checkpoint's tensors of the same name;
+each replaced tensor is listed and stored exactly (float32, or bf16 when the blob's matrices are bf16 or
+int8 and its values are bf16 numbers), so zaya.c computes the exact model on the port's weights.
 
 The blob layout is described in docs/blob-format.md and mirrored by zaya.c (ZayaFileHeader).
 Python standard library only. Tensors are streamed in chunks, so peak memory stays far below the
@@ -855,7 +861,8 @@ def quantize_tensor(quantizer, w, entry, srcs, where, log):
     return int(crc)
 
 
-def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, keep_quantized=False, tokenizer=None):
+def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, keep_quantized=False, tokenizer=None,
+           port_weights=None):
     t0 = time.time()
     tok_dir = ckpt
     if is_gguf(ckpt):            # a port's GGUF: its tensors under legacy names, dequantized as ggml does
@@ -876,6 +883,9 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     check_config_limits(c, cfg_path)
     where = quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log)
     plan = plan_tensors(c, layout, where)
+    replaced = {}               # --weights: blob name -> the dtype its port tensor is stored in
+    if port_weights:
+        plan, where, replaced = replace_with_port_weights(plan, where, port_weights, wformat, log)
     native = {}                 # --keep-quantized-experts: blob name -> (dtype, field 188, nbytes, chunks)
     if keep_quantized:
         for name, shape, kind, srcs in plan:
@@ -889,7 +899,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
         if group is not None and not 1 <= group <= 4096:
             fail("int8 group size is out of range", "--group-size", "1..4096", group)
         for name, shape, kind, _ in plan:
-            if kind != "matrix" or name in native:
+            if kind != "matrix" or name in native or name in replaced:
                 continue
             g = group or DEFAULT_GROUP   # or the largest power of two below it that divides the row
             while shape[-1] % g and group is None:
@@ -928,7 +938,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             entries.append([name, dtype, shape, pos, nbytes, 0, field])
             pos = align(pos + nbytes, ALIGN)
             continue
-        dtype = wformat if kind == "matrix" else "fp32"
+        dtype = replaced.get(name) or (wformat if kind == "matrix" else "fp32")
         nbytes = tensor_nbytes(shape, dtype, groups.get(name, 0))
         entries.append([name, dtype, shape, pos, nbytes, 0, groups.get(name, 0)])
         pos = align(pos + nbytes, ALIGN)
@@ -965,6 +975,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     w.write(tok)
     provenance = {"exporter": EXPORTER_VERSION, "source": os.path.basename(os.path.abspath(ckpt)),
                   "layout": layout, "dtype": wformat}
+    if replaced:
+        provenance["weights"] = ",".join(os.path.basename(p) for p in port_weights)[:200]
     if is_gguf(ckpt):
         provenance["layout"] = "gguf (llama.cpp ZAYA port, legacy half-layers)"
     if native:
@@ -1396,6 +1408,85 @@ def pack_blob_mxfp4(packed, exponents):
 
 
 # ----------------------------------------------------------------------------------------------
+# --weights: a port's own weights in place of the checkpoint's (issue 41). A Core ML, MLX or
+# PyTorch port dequantizes its weights and writes them as safetensors under the HF native names;
+# zaya.c then runs the exact computation on the port's weights.
+# ----------------------------------------------------------------------------------------------
+
+def replace_with_port_weights(plan, where, paths, wformat, log):
+    """The plan with every tensor the port files hold read from them instead of the checkpoint.
+    Returns (plan, where, {blob name: stored dtype}); refuses a name the model does not have, a shape
+    that differs, a dtype other than F32/F16/BF16, a name stored twice."""
+    expected = {name: (shape, kind) for name, shape, kind, _ in plan}
+    port = {}
+    for path in paths:
+        st = SafetensorsFile(path)
+        for n, (dt, shape, _, _) in sorted(st.tensors.items()):
+            where_n = f"{path}: tensor {n}"
+            if n in port:
+                fail("tensor stored twice in the port's weights", f"{n} in {port[n].path} and {path}",
+                     hint="give each tensor once")
+            if n not in expected:
+                fail("the port's weights have a tensor the model does not have", where_n,
+                     "a tensor name of the checkpoint under the HF native names (docs/architecture.md 2.2), e.g. "
+                     + next(iter(k for k in expected if ".layers.0." in k), "model.layers.0.input_layernorm.weight"),
+                     n, port_name_hint(n, expected))
+            if dt not in ST_DTYPE_SIZE:
+                fail("unsupported tensor dtype in the port's weights", where_n, "F32, F16 or BF16", dt,
+                     "write the port's weights dequantized (the values the port computes with)")
+            want = expected[n][0]
+            if tuple(shape) != tuple(want):
+                fail("a tensor of the port's weights has the wrong shape", where_n, list(want), list(shape),
+                     "write it in the checkpoint's layout (transformers' ZayaForCausalLM): "
+                     + ("[experts, rows, cols], the experts stacked" if ".mlp.experts." in n else "[out, in] for a linear weight")
+                     + "; a port that transposes or splits it must undo that first")
+            port[n] = st
+    if not port:
+        fail("the port's weights hold no tensor", ", ".join(paths), "at least one tensor", "none")
+    where, new_plan, replaced = dict(where), [], {}
+    for name, shape, kind, srcs in plan:
+        if name in port:
+            where[name] = port[name]            # a native name; legacy names never collide with another tensor
+            srcs = [name]
+            replaced[name] = port_stored_dtype(port[name], name, kind, wformat)
+        new_plan.append((name, shape, kind, srcs))
+    log(f"port weights: {len(replaced)} of {len(plan)} tensors replaced from {', '.join(paths)}:")
+    for name, shape, kind, srcs in new_plan:
+        if name in replaced:
+            log(f"  replaced {name} {list(shape)} ({port[name].tensors[name][0]}, stored {replaced[name]})")
+    return new_plan, where, replaced
+
+
+def port_name_hint(n, expected):
+    if n == "lm_head.weight":
+        return "the LM head is tied to the embedding: give it as model.embed_tokens.weight (zaya.c has no separate head)"
+    if ".zaya_block." in n or ".qkv.linear_" in n or ".res_scale." in n:
+        return "these are the legacy (Zyphra fork) names; use the native names (docs/architecture.md 2.4 maps them)"
+    if re.search(r"\.experts\.\d+\.", n):
+        return "give each layer's experts stacked: mlp.experts.gate_up_proj [E, 2I, H] and mlp.experts.down_proj [E, H, I]"
+    close = [k for k in expected if k.rsplit(".", 1)[-1] == n.rsplit(".", 1)[-1]][:2]
+    return "name it as transformers' ZayaForCausalLM does" + (f" (e.g. {', '.join(close)})" if close else "")
+
+
+def port_stored_dtype(st, name, kind, wformat):
+    """How a port tensor is stored in the blob, exactly: fp32 unless the blob's matrices are bf16/int8 and
+    every value is a bf16 number (int8 would quantize the port's weights a second time)."""
+    if kind != "matrix" or wformat == "fp32":
+        return "fp32"
+    dtype, _, begin, end = st.tensors[name]
+    if dtype == "BF16":
+        return "bf16"
+    step = CHUNK - CHUNK % 4
+    for b in range(0, end - begin, step):
+        raw = st.read(name, b, b + step)
+        f = raw if dtype == "F32" else f16_to_f32(raw)
+        low = bytes(f[0::4]) + bytes(f[1::4])
+        if low.count(0) != len(low):
+            return "fp32"
+    return "bf16"
+
+
+# ----------------------------------------------------------------------------------------------
 # A GGUF written by llama.cpp's ZAYA port (docs/checkpoints.md "A port's GGUF"). Its converter
 # (convert_hf_to_gguf.py, ZayaModel) reads the legacy checkpoint layout and writes the 2L half-layers
 # under its own names, in ggml's reversed dimensions; here every GGUF tensor becomes the legacy tensor it
@@ -1640,6 +1731,9 @@ def main(argv=None):
     ap.add_argument("--keep-quantized-experts", action="store_true",
                     help="store FP8 / MXFP4 experts in their own format (docs/blob-format.md, format version 2; "
                          "the other matrices take --dtype); without it they are dequantized as the official code does")
+    ap.add_argument("--weights", action="append", metavar="PORT.safetensors",
+                    help="a port's own (dequantized) weights: F32/F16/BF16 tensors under the HF native names "
+                         "(docs/architecture.md 2.2) that replace the checkpoint's, stored exactly; repeatable")
     ap.add_argument("--tokenizer", metavar="DIR", default=None,
                     help="GGUF input only: the folder with tokenizer.json and tokenizer_config.json (the checkpoint "
                          "the GGUF came from; its config.json, if there, is checked against the GGUF's metadata and "
@@ -1648,7 +1742,7 @@ def main(argv=None):
     try:
         export(args.checkpoint, args.out, args.dtype, args.group_size,
                None if args.chat_format == "auto" else args.chat_format, keep_quantized=args.keep_quantized_experts,
-               tokenizer=args.tokenizer)
+               tokenizer=args.tokenizer, port_weights=args.weights)
     except ExportError as e:
         print(f"export_weights.py: error: {e}", file=sys.stderr)
         try:

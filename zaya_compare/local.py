@@ -174,6 +174,22 @@ def judge_layers(args, port, replay, env, ref):
     return rows, first, names
 
 
+# every layer past tolerance at its output, the largest local error at most this many times the smallest:
+# the port's weights differ from the replay's (on the fixture Q8_0 and Q4_0 spread 2.2x and 2.3x; a bug
+# leaves the layers before it at 0)
+UNIFORM_SPREAD = 10.0
+
+
+def every_layer_differs(rows):
+    """(smallest, largest) local error of the layer outputs when every layer is past its tolerance there by
+    about the same (within UNIFORM_SPREAD), else None."""
+    outs = [r[1] for r in rows]
+    if len(outs) < 2 or any(o is None or o[1] is None or not o[4] for o in outs):
+        return None
+    errs = [o[1] for o in outs]
+    return (min(errs), max(errs)) if min(errs) > 0 and max(errs) <= UNIFORM_SPREAD * min(errs) else None
+
+
 def report(args, port, replay, env, ref, rows, first, names):
     """Prints the per-layer table and the verdict; returns the exit status (0 agrees, 1 a local error)."""
     T = len(port.tokens or [])
@@ -195,6 +211,18 @@ def report(args, port, replay, env, ref, rows, first, names):
         for layer, _, _, _, _, _, layer_rows in rows:
             for name, e, ee, gate, bad in layer_rows:
                 print(f"  {name:60s} local {fmt(e):>9}  env {fmt(ee):>9}  tol {fmt(gate):>9}  {'OUT' if bad else 'ok'}")
+    uniform = every_layer_differs(rows)
+    if first and uniform:
+        layer, name, e, gate, ee = first
+        lo, hi = uniform
+        print(f"\nEVERY LAYER DIFFERS LOCALLY, by about the same ({fmt(lo)} to {fmt(hi)} rel L2 at the layer outputs):"
+              f"\n  your port's weights are probably not the checkpoint's (a quantized port), or it computes in lower"
+              f"\n  precision than the replay. Pass --model PORTWEIGHTS.bin, the port's own weights in a blob"
+              f"\n  (python3 export_weights.py CKPT PORTWEIGHTS.bin --weights PORT.safetensors), or use compare.py --quant"
+              f"\n  (docs/compare.md §10); for a bf16 port pass --bf16.\n  If the weights are the checkpoint's, the first "
+              f"local error is layer {layer}, {name} ({fmt(e)} > {fmt(gate)}).")
+        print("RESULT: LOCAL ERROR IN EVERY LAYER")
+        return 1
     if first:
         layer, name, e, gate, ee = first
         why = f"local error {fmt(e)} > tolerance {fmt(gate)}" + (f" ({LOCAL_BF16_FACTOR:g} x the bf16 envelope {fmt(ee)})"

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""quants.py - fake quantization (quantize, then dequantize to float32) of weight matrices, in numpy.
+
+    import quants
+    w_q = quants.fake_quant(w, "Q4_K")      # w: float32 array [..., in]; same shape, float32
+
+Types:
+  Q8_0     ggml's quantize_row_q8_0_ref: blocks of 32 along the last axis, d = amax/127 stored fp16,
+           q = roundf(x/d) in int8; value = fp16(d) * q.
+  Q4_0     ggml's quantize_row_q4_0_ref: blocks of 32, d = max/-8 (max = the value of largest |x|)
+           stored fp16, q = min(15, (int8)(x/d + 8.5)); value = (q - 8) * fp16(d).
+  Q4_K     ggml's quantize_row_q4_K_ref (what llama-quantize runs without an imatrix): super-blocks of
+           256 = 8 sub-blocks of 32; each sub-block's scale and min from make_qkx2_quants (weights
+           av_x + |x|, rmin -1, rdelta 0.1, 20 steps), quantized to 6 bits against the super-block's
+           fp16 d and dmin; q = nearest_int((x + dmin*m) / (d*sc)) in 0..15; value = d*sc*q - dmin*m.
+  INT4-pal the Core ML port's palettization, coremltools OpPalettizerConfig(nbits=4,
+           granularity="per_grouped_channel", group_size=32): each group of 32 OUTPUT channels (axis 0
+           of a [out, in] weight, "channel_axis" 0 for a linear layer; a [E, out, in] expert tensor is E
+           linear layers) shares one look-up table of 16 float values fitted by k-means over all the
+           group's 32 x in weights; every weight becomes its nearest table entry.
+
+The ggml types follow ggml/src/ggml-quants.c step by step in float32 (sums accumulated in the C
+loop's order, fp16 by round-to-nearest-even, nearest_int = round half to even, roundf = half away from
+zero). Their block axis is the last axis: the input dimension of an HF weight [out, in], which is
+ggml's ne0. A last axis that is not a multiple of the block (32, or 256 for Q4_K) cannot be stored in
+that type; fake_quant raises NotQuantizable (llama.cpp falls back to another type for such tensors).
+Checked against values ggml computed: test/test_quant_sensitivity.py (rows of test/fixtures/gguf/).
+
+INT4-pal differs from coremltools in how the table is fitted:
+coremltools runs the exact optimal 1-D k-means (kmeans1d) on fp16 groups of >= 10,000 values, scikit-learn's
+KMeans (k-means++) on smaller ones; here k-means is Lloyd's (weight MSE 1.25x-2.6x the optimal, tools/check_int4_pal.py)
+algorithm in float64 from a deterministic start (the 16 quantiles (2i+1)/32 of the group's values),
+KMEANS_ITERS iterations, ties to the lower entry; the table is float32 (coremltools' LUT dtype defaults
+to the weight's dtype: fp16 for an fp16 Core ML model, so a real Core ML LUT is additionally rounded to
+fp16 - pass lut_dtype="float16" for that).
+"""
+
+import numpy as np
+
+TYPES = ("Q8_0", "Q4_0", "Q4_K", "INT4-pal")
+BLOCK = {"Q8_0": 32, "Q4_0": 32, "Q4_K": 256}
+PAL_GROUP = 32
+KMEANS_ITERS = 12
+
+
+class NotQuantizable(ValueError):
+    pass
+
+
+def _f16(x):
+    """fp32 -> fp16 (round to nearest even, as GGML_FP32_TO_FP16) -> fp32."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+def _roundf(x):
+    """C roundf: halfway cases away from zero (np.round rounds them to even)."""
+    t = np.trunc(x)
+    frac = x - t                                   # exact in float32
+    return t + np.where(np.abs(frac) >= 0.5, np.sign(x), 0).astype(np.float32)
+
+
+def _nearest_int(x):
+    """ggml's nearest_int (adds 1.5 * 2^23): round half to even, for |x| < 2^22."""
+    return np.rint(x)
+
+
+def _seqsum(a):
+    """Sum over the last axis in the C loop's order (float32, left to right): a [N, n] -> [N]."""
+    a = np.ascontiguousarray(np.moveaxis(a, -1, 0))
+    acc = a[0].copy()
+    for i in range(1, a.shape[0]):
+        acc += a[i]
+    return acc
+
+
+def q8_0(x, block=32):
+    b = x.reshape(-1, block)
+    amax = np.max(np.abs(b), axis=1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        idv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = _roundf(b * idv[:, None])
+    return (q * _f16(d)[:, None]).astype(np.float32).reshape(x.shape)
+
+
+def q4_0(x, block=32):
+    b = x.reshape(-1, block)
+    i = np.argmax(np.abs(b), axis=1)               # first of equal |x|, as the C loop's strict '<'
+    mx = b[np.arange(b.shape[0]), i]
+    d = (mx / np.float32(-8)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        idv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    v = (b * idv[:, None] + np.float32(8.5)).astype(np.float32)
+    q = np.minimum(15, np.trunc(v).astype(np.int32))   # (int8_t) truncates; v >= 0.5 here
+    return ((q - 8).astype(np.float32) * _f16(d)[:, None]).astype(np.float32).reshape(x.shape)
+
+
+def _make_qkx2_quants(x, w, nmax=15, rmin=-1.0, rdelta=0.1, nstep=20):
+    """make_qkx2_quants over N sub-blocks at once: x, w [N, n] float32 -> (scale [N], the_min [N])."""
+    f = np.float32
+    xt = np.ascontiguousarray(x.T)                 # [n, N]: the C loop runs over the rows of xt
+    wt = np.ascontiguousarray(w.T)
+    mn = xt.min(axis=0)
+    mx = xt.max(axis=0)
+    sum_w = wt[0].copy()
+    sum_x = sum_w * xt[0]
+    for i in range(1, xt.shape[0]):
+        sum_w += wt[i]
+        sum_x += wt[i] * xt[i]
+    mn = np.minimum(mn, f(0))
+    flat = mx == mn
+    rng = np.where(flat, f(1), mx - mn).astype(f)
+    iscale = (f(nmax) / rng).astype(f)
+    scale = (f(1) / iscale).astype(f)
+    L = np.clip(_nearest_int(iscale * (xt - mn)), 0, nmax).astype(f)
+    best = np.zeros_like(sum_w)
+    for i in range(xt.shape[0]):
+        diff = scale * L[i] + mn - xt[i]
+        best += wt[i] * (diff * diff)
+    for s in range(nstep + 1):
+        # as the C loop: min is the best step's so far, in both max - min and x - min
+        rng = np.where(flat, f(1), mx - mn).astype(f)
+        isc = ((f(rmin) + f(rdelta) * f(s) + f(nmax)) / rng).astype(f)
+        La = np.clip(_nearest_int(isc * (xt - mn)), 0, nmax).astype(f)
+        sum_l = np.zeros_like(sum_w); sum_l2 = np.zeros_like(sum_w); sum_xl = np.zeros_like(sum_w)
+        for i in range(xt.shape[0]):
+            wl = wt[i] * La[i]
+            sum_l += wl
+            sum_l2 += wl * La[i]
+            sum_xl += wl * xt[i]
+        D = sum_w * sum_l2 - sum_l * sum_l
+        ok = D > 0
+        Ds = np.where(ok, D, f(1))
+        ts = ((sum_w * sum_xl - sum_x * sum_l) / Ds).astype(f)
+        tm = ((sum_l2 * sum_x - sum_l * sum_xl) / Ds).astype(f)
+        pos = tm > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ts = np.where(pos, sum_xl / sum_l2, ts).astype(f)
+        tm = np.where(pos, f(0), tm).astype(f)
+        cur = np.zeros_like(sum_w)
+        for i in range(xt.shape[0]):
+            diff = ts * La[i] + tm - xt[i]
+            cur += wt[i] * (diff * diff)
+        better = ok & (cur < best) & ~flat
+        best = np.where(better, cur, best)
+        scale = np.where(better, ts, scale)
+        mn = np.where(better, tm, mn)
+    scale = np.where(flat, f(0), scale).astype(f)
+    return scale, (-mn).astype(f)
+
+
+def q4_k(x):
+    f = np.float32
+    sb = x.reshape(-1, 8, 32)                      # super-blocks of 256 = 8 sub-blocks of 32
+    sub = sb.reshape(-1, 32)
+    sum_x2 = _seqsum(sub * sub)
+    av_x = np.sqrt((sum_x2 / f(32)).astype(f)).astype(f)
+    w = (av_x[:, None] + np.abs(sub)).astype(f)
+    scales, mins = _make_qkx2_quants(sub, w)
+    scales = scales.reshape(-1, 8)
+    mins = mins.reshape(-1, 8)
+    max_scale = np.maximum(scales.max(axis=1), f(0))
+    max_min = np.maximum(mins.max(axis=1), f(0))
+    with np.errstate(divide="ignore"):
+        inv_scale = np.where(max_scale > 0, f(63) / max_scale, f(0)).astype(f)
+        inv_min = np.where(max_min > 0, f(63) / max_min, f(0)).astype(f)
+    ls = np.minimum(63, _nearest_int(inv_scale[:, None] * scales).astype(np.int64) & 0xFF)
+    lm = np.minimum(63, _nearest_int(inv_min[:, None] * mins).astype(np.int64) & 0xFF)
+    d = _f16(max_scale / f(63))
+    dmin = _f16(max_min / f(63))
+    dj = (d[:, None] * ls.astype(f)).astype(f)       # [S, 8]
+    dmj = (dmin[:, None] * lm.astype(f)).astype(f)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        l = _nearest_int((sb + dmj[:, :, None]) / dj[:, :, None])
+    l = np.clip(np.nan_to_num(l), 0, 15).astype(f)
+    out = (dj[:, :, None] * l - dmj[:, :, None]).astype(f)   # d = 0: d*q = 0, value -dmin*m as ggml
+    return out.reshape(x.shape)
+
+
+def _kmeans_1d(v, k=16, iters=KMEANS_ITERS):
+    """Lloyd's k-means on the rows of v [G, n] (float64), deterministic quantile start -> centers [G, k]."""
+    s = np.sort(v, axis=1)
+    n = v.shape[1]
+    c = s[:, ((2 * np.arange(k) + 1) * n) // (2 * k)].astype(np.float64)
+    for _ in range(iters):
+        c = np.sort(c, axis=1)
+        mids = (c[:, 1:] + c[:, :-1]) / 2
+        # assignment on sorted values: counts of values below each midpoint -> segment sums by cumsum
+        cs = np.concatenate([np.zeros((v.shape[0], 1)), np.cumsum(s, axis=1)], axis=1)
+        idx = np.stack([np.searchsorted(s[g], mids[g], side="right") for g in range(v.shape[0])])
+        lo = np.concatenate([np.zeros((v.shape[0], 1), np.int64), idx], axis=1)
+        hi = np.concatenate([idx, np.full((v.shape[0], 1), n, np.int64)], axis=1)
+        cnt = hi - lo
+        sums = np.take_along_axis(cs, hi, 1) - np.take_along_axis(cs, lo, 1)
+        c = np.where(cnt > 0, sums / np.maximum(cnt, 1), c)   # an empty cluster keeps its center
+    return np.sort(c, axis=1)
+
+
+def int4_pal(x, group=PAL_GROUP, lut_dtype="float32"):
+    if x.ndim < 2:
+        raise NotQuantizable("palettization needs a matrix")
+    m = x.reshape(-1, x.shape[-2], x.shape[-1])    # [E, out, in]
+    E, out, inn = m.shape
+    if out % group:
+        raise NotQuantizable(f"{out} output channels are not a multiple of the group size {group}")
+    g = m.reshape(E * out // group, group * inn)
+    res = np.empty(g.shape, np.float32)
+    step = max(1, (1 << 22) // g.shape[1])         # groups per k-means batch (bounded memory)
+    for a in range(0, g.shape[0], step):
+        lut = _kmeans_1d(g[a:a + step].astype(np.float64)).astype(np.float32)
+        if lut_dtype == "float16":
+            lut = _f16(lut)
+        mids = (lut[:, 1:].astype(np.float64) + lut[:, :-1]) / 2
+        for i in range(lut.shape[0]):              # nearest entry; a tie goes to the lower entry
+            res[a + i] = lut[i][np.searchsorted(mids[i], g[a + i], side="left")]
+    return res.reshape(x.shape)
+
+
+def fake_quant(w, qtype, rows_per_chunk=4096, block=None):
+    """w (any float array, last axis = the block axis) -> float32 of the same shape, quantized and
+    dequantized in qtype. Raises NotQuantizable when the shape does not allow the type. block: another
+    block length for Q8_0 / Q4_0 (ggml has only 32; tests use shorter ones on rows narrower than 32)."""
+    w = np.asarray(w, np.float32)
+    if qtype == "INT4-pal":
+        return int4_pal(w)
+    if qtype not in BLOCK:
+        raise ValueError(f"unknown type {qtype!r}; known: {', '.join(TYPES)}")
+    if block is not None and qtype not in ("Q8_0", "Q4_0"):
+        raise ValueError(f"{qtype} has a fixed block of {BLOCK[qtype]}")
+    blk = block or BLOCK[qtype]
+    if w.ndim < 1 or w.shape[-1] % blk:
+        raise NotQuantizable(f"last axis {w.shape[-1] if w.ndim else 0} is not a multiple of {qtype}'s block of {blk}")
+    fn = {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_K": q4_k}[qtype]
+    if block is not None:
+        fn = (lambda f: lambda r: f(r, blk))(fn)
+    rows = w.reshape(-1, w.shape[-1])
+    out = np.empty_like(rows)
+    for a in range(0, rows.shape[0], rows_per_chunk):
+        out[a:a + rows_per_chunk] = fn(rows[a:a + rows_per_chunk])
+    return out.reshape(w.shape)

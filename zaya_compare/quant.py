@@ -1,0 +1,127 @@
+"""--quant: is it the quantization or a bug, and where? (compare.py --quant PORT --model PORTWEIGHTS.bin --exact EXACT.bin)
+
+A quantized port cannot agree with the exact model: its weights differ. zaya.c on the port's own weights
+(a blob made by export_weights.py --weights PORT.safetensors, or from the port's GGUF) computes the exact
+model on those weights, so per layer this view sets side by side:
+  weights alone  zaya.c on the port's weights vs zaya.c on the exact checkpoint, same ids (end to end):
+                 what the quantization alone does;
+  port           the port's dump vs zaya.c on the exact checkpoint (end to end): what the port does;
+  quant local    what quantization adds in that layer alone (zaya.c exact, replayed from the inputs of
+                 zaya.c on the port's weights);
+  port local     the port vs zaya.c on the port's weights replayed from the port's own input to each layer
+                 (local.py's replay): what the port's computation adds, quantization taken out.
+The verdict is local.py's judgment on the port's own weights: "as close to the exact model as its weights
+allow", or "layer L, TAP adds error the weights do not explain". The runs go to PREFIX_exact,
+PREFIX_weights, PREFIX_quant_local and PREFIX_replay_fp32 (PREFIX: --replay-out, default PORT_quant).
+"""
+import os
+import subprocess
+
+import numpy as np
+
+from . import local
+from .dumps import Dump, InputError, guarded
+from .metrics import fmt, logits_rows_stats
+from .names import LAYER_OUTPUT
+
+
+def add_arguments(ap):
+    ap.add_argument("--quant", action="store_true", help="TEST_DIR is a quantized port's dump, --model the port's weights "
+                    "in a blob (export_weights.py --weights), --exact the checkpoint's blob: per layer, what the "
+                    "weights alone do beside what the port does, and where the port adds error (docs/compare.md §10)")
+    ap.add_argument("--exact", metavar="EXACT.bin", help="with --quant: the exact checkpoint's blob")
+
+
+def wants(args):
+    return args.quant
+
+
+def run_zaya(cmd):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    zaya = os.path.join(root, "zaya")
+    try:
+        p = subprocess.run([zaya] + cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    except OSError as e:
+        raise InputError(f"cannot run {zaya}: {e.strerror}\n  hint: build it with make")
+    if p.returncode != 0:
+        raise InputError(f"{zaya} {' '.join(cmd)} failed:\n{p.stderr.strip()[-800:]}")
+
+
+def logits_summary(a, b):
+    """(top-1 agreement count, rows, mean KL(P_b || P_a)) of two dumps' logits, or None."""
+    if not (a.has("logits") and b.has("logits")):
+        return None
+    sa, x = a.load("logits")
+    _, y = b.load("logits")
+    x, y = x.reshape(sa[0], -1), y.reshape(sa[0], -1)
+    ia, ib, kl = logits_rows_stats(x, y, k=1)
+    return sum(p[0] == q[0] for p, q in zip(ia, ib)), len(ia), float(kl.mean())
+
+
+def quant_main(args):
+    if not args.model or not args.exact:
+        raise InputError("--quant needs the port's weights and the exact model: compare.py --quant PORT_DUMP "
+                         "--model PORTWEIGHTS.bin --exact EXACT.bin\n  hint: make PORTWEIGHTS.bin with "
+                         "python3 export_weights.py CKPT PORTWEIGHTS.bin --weights PORT.safetensors")
+    for path, what in ((args.model, "--model"), (args.exact, "--exact")):
+        if not os.path.isfile(path):
+            raise InputError(f"{what} {path}: no such file\n  hint: a zaya.c blob (export_weights.py)")
+    if os.path.samefile(args.model, args.exact):
+        raise InputError(f"--model and --exact are the same file ({args.model})\n  hint: --model is the port's weights "
+                         "(export_weights.py CKPT OUT.bin --weights PORT.safetensors), --exact the checkpoint's")
+    port0 = Dump(args.test_dir, "PORT")
+    if not port0.tokens:
+        raise InputError(f"{args.test_dir}: index.json has no `tokens`\n  hint: the view runs zaya.c on the port's ids")
+    prefix = (args.replay_out or args.test_dir.rstrip("/") + "_quant")
+    ids = ",".join(map(str, port0.tokens))
+    exact_dir, weights_dir, qlocal_dir = prefix + "_exact", prefix + "_weights", prefix + "_quant_local"
+    # the logits ([T, vocab], the largest tensor by far) only when the port dumped its own
+    only = [] if port0.has("logits") else ["--dump-filter", "^model"]
+    run_zaya([args.exact, "--ids", ids, "--dump", exact_dir] + only)
+    run_zaya([args.model, "--ids", ids, "--dump", weights_dir] + only)
+    run_zaya([args.exact, "--replay", weights_dir, "--dump", qlocal_dir] + only)
+    args.replay_out, args.reference, args.ref_dir = prefix + "_replay", exact_dir, None
+    port, replay, env, exact = local.open_dumps(args)       # runs ./zaya PORTWEIGHTS --replay PORT
+    weights, qlocal = Dump(weights_dir, "WEIGHTS"), Dump(qlocal_dir, "QUANT_LOCAL")
+    print(f"PORT    {port.folder}: {port.producer()}")
+    print(f"EXACT   {exact.folder}: zaya.c on the checkpoint ({args.exact})")
+    print(f"WEIGHTS {weights.folder}: zaya.c on the port's weights ({args.model})")
+    print(f"REPLAY  {replay.folder}: zaya.c on the port's weights, each layer from the port's own input to it")
+    rows, first, names = local.judge_layers(args, port, replay, env, exact)
+    print("\nper layer (rel L2 of the layer output; end to end against zaya.c on the exact checkpoint; local = from the"
+          "\nsame input to the layer):")
+    print(f"{'layer':>5}  {'weights alone':>13}  {'port':>9}  {'port vs weights':>15}  {'quant local':>11}  "
+          f"{'port local':>10}  worst tap of the port (local error / its tolerance)")
+    qlocal_by_layer = {}
+    for layer, out, _, worst, flips, near, _ in rows:
+        name = f"model.layers.{layer}.{LAYER_OUTPUT}"
+        w = local.local_error(weights, exact, name)
+        p = local.local_error(port, exact, name)
+        pw = local.local_error(port, weights, name)
+        q = qlocal_by_layer[layer] = local.local_error(weights, qlocal, name)
+        tap = f"{worst[0].split('.', 3)[3]} {worst[1] / worst[3]:.2g}x" if worst and worst[1] > 0 else "-"
+        print(f"{layer:>5}  {fmt(w):>13}  {fmt(p):>9}  {fmt(pw):>15}  {fmt(q):>11}  {fmt(out[1]) if out else '-':>10}  {tap}")
+    lw, lp = logits_summary(weights, exact), logits_summary(port, exact)
+    if lw and lp:
+        print(f"logits vs exact: weights alone top-1 {lw[0]}/{lw[1]}, KL {lw[2]:.3g}; port top-1 {lp[0]}/{lp[1]}, "
+              f"KL {lp[2]:.3g}")
+    if first:
+        layer, name, e, gate, ee = first
+        print(f"\nVERDICT: layer {layer}, {name} adds error the weights do not explain\n"
+              f"  on its own weights the port's local error there is {fmt(e)} (tolerance {fmt(gate)}"
+              + (f", 3 x the bf16 envelope {fmt(ee)}" if ee is not None else "") + "); quantization alone adds "
+              f"{fmt(qlocal_by_layer.get(layer))} to that layer's output\n"
+              f"  compare.py --local {args.test_dir} --model {args.model} --verbose lists every tap")
+        return 1
+    print("\nVERDICT: the port is as close to the exact model as its weights allow (every layer recomputes from the "
+          "port's inputs on the port's weights within tolerance" + (", the bf16 envelope" if env else "") + ")")
+    return 0
+
+
+def main(args):
+    """compare.py --quant PORT --model PORTWEIGHTS.bin --exact EXACT.bin [--bf16] [--replay-out PREFIX]."""
+    if args.local:
+        print("compare.py: --quant and --local are two views; give one", file=__import__("sys").stderr)
+        return 2
+    result, rc = guarded(lambda: quant_main(args))
+    return rc or result
