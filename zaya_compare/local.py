@@ -89,7 +89,9 @@ def open_dumps(args):
 
 def replay_of(port, d, role, model, precision):
     """Refuses d unless it is ./zaya's --replay of the port's dump (index.json's `replay` section names the
-    dump it replayed, `of`; the ids must be the port's): an end-to-end run is no local reference."""
+    dump it replayed, `of`; the ids must be the port's): an end-to-end run is no local reference. The bf16
+    envelope (precision given) must replay this very dump; a REPLAY of another dump of the same ids stays
+    allowed (test_portmap judges a mis-mapped port against the good port's replay)."""
     how = (f"./zaya {model or 'MODEL.bin'} --replay {port.folder} --dump "
            f"{port.folder.rstrip('/')}_replay_{precision or 'fp32'}" + (f" --precision {precision}" if precision else ""))
     rep = d.index.get("replay")
@@ -100,7 +102,7 @@ def replay_of(port, d, role, model, precision):
                          f"(an end-to-end run's local error is the whole drift up to that layer, far too wide)\n"
                          f"  hint: make one with {how}")
     of = rep.get("of")
-    if isinstance(of, str) and os.path.exists(of) and os.path.exists(port.folder) \
+    if precision and isinstance(of, str) and os.path.exists(of) and os.path.exists(port.folder) \
             and not os.path.samefile(of, port.folder):
         raise InputError(f"{role} {d.folder} is not a replay of {port.folder}: it replays {of}\n"
                          f"  hint: make one with {how}")
