@@ -701,6 +701,8 @@ class BlobWriter:
     def __init__(self, path):
         self.path = path
         try:
+            if os.path.dirname(path):     # build/fx.bin on a fresh clone: make build/ like `mkdir -p`
+                os.makedirs(os.path.dirname(path), exist_ok=True)
             self.f = open(path + ".tmp", "wb")
         except OSError as e:
             fail("cannot write the output file", path, hint=str(e))

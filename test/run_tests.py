@@ -31,6 +31,7 @@ TESTS = [
     ("replay", [sys.executable, "test/test_replay.py"]),
     ("portmap", [sys.executable, "test/test_portmap.py"]),
     ("compare", [sys.executable, "test/test_compare.py"]),
+    ("misuse", [sys.executable, "test/test_misuse.py"]),
     ("precision", [sys.executable, "test/test_precision.py"]),
     ("port_weights", [sys.executable, "test/test_port_weights.py"]),
     ("quant", [sys.executable, "test/test_quant.py"]),

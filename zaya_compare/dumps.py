@@ -319,6 +319,12 @@ class Dump:
                     self.index = json.load(f)
             except OSError as e:
                 npys = [n for n in os.listdir(folder) if n.endswith(".npy")] if e.errno == errno.ENOENT else []
+                if e.errno == errno.ENOENT and "hidden_states.npy" in npys and os.path.isdir(os.path.join(folder, "taps")):
+                    raise InputError(f"{label} dump {folder} is a fixture folder (test/fixtures/golden layout: "
+                                     f"hidden_states.npy, taps/, no dump index.json), not a dump\n"
+                                     f"  expected: a dump (index.json + one .npy per tensor under its HF name, "
+                                     f"docs/compare.md)\n  hint: convert it first: python3 tools/fixture_to_dump.py "
+                                     f"{folder} OUT_DUMP, then compare OUT_DUMP")
                 if npys:
                     raise Incomplete(f"{label} dump {folder} is incomplete: {len(npys)} .npy files but no index.json, "
                                      f"which ./zaya writes last\n  hint: the run that wrote it was interrupted or "
@@ -376,6 +382,59 @@ class Dump:
             return " ".join(str(p[k]) for k in ("program", "version", "commit") if p.get(k))
         return str(p) if p else "unknown producer"
 
+
+
+def need_router_indices(d, view):
+    """Raises InputError when a dump has a MoE layer's output but not its routing (mlp.gate.router_indices):
+    without it a routing flip at a near-tie cannot be told from a bug, and every row after it looks like one."""
+    missing = sorted({int(n.split(".")[2]) for n in d.order if n.startswith("model.layers.") and n.endswith(".mlp.experts")
+                      and not d.has(n[:-len("experts")] + "gate.router_indices")})
+    if missing:
+        name = f"model.layers.{missing[0]}.mlp.gate.router_indices"
+        raise InputError(f"{d.label} {d.folder} has no {name}"
+                         + (f" (nor for layers {missing[1:]})" if len(missing) > 1 else "")
+                         + f"\n  {view} needs each MoE layer's chosen experts: bf16 moves router margins, and a position "
+                           f"routed to another expert at a near-tie is legitimate, but without the indices it cannot be "
+                           f"recognised and every later row would look like a bug\n"
+                           f"  hint: dump the router's top-1 expert per position as {name} (int32 [T]); "
+                           f"docs/compare.md §9's forward-hook example shows it")
+
+
+def model_dims(d):
+    """{dimension: (value, the tensor it is read from)} from the shapes in a dump's index: hidden size, vocabulary,
+    experts (+ skip), query heads x head dim."""
+    def width(name):
+        e = d.entries.get(name)
+        return e["shape"][-1] if e and e["shape"] else None
+    dims = {}
+    for key, names in (("hidden size", ["model.norm", "model.embed_tokens"] + [f"model.layers.{i}.post_mlp_residual_scale"
+                                                                              for i in range(4)]),
+                       ("vocabulary", ["logits"]), ("router width", ["model.layers.0.mlp.gate:router_probs"]),
+                       ("q_proj width", ["model.layers.0.self_attn.qkv_proj.q_proj"])):
+        for n in names:
+            if width(n) is not None:
+                dims[key] = (width(n), n)
+                break
+    return dims
+
+
+def same_model(a, b):
+    """Raises InputError, before any tensor is compared, when two dumps are of models of different shapes
+    (index.json's `model` says which model each is)."""
+    da, db = model_dims(a), model_dims(b)
+    diff = [(k, da[k], db[k]) for k in da if k in db and da[k][0] != db[k][0] and da[k][1] == db[k][1]]
+    if diff:
+        def who(d):
+            m = d.index.get("model")
+            if isinstance(m, dict):
+                prov = m.get("provenance") if isinstance(m.get("provenance"), dict) else {}
+                return m.get("path") or m.get("checkpoint") or prov.get("source") or "?"
+            return str(m) if m else "index.json names no model"
+        raise InputError(f"{a.label} {a.folder} and {b.label} {b.folder} are dumps of different models: "
+                         + "; ".join(f"{k} {x[0]} vs {y[0]} ({x[1]})" for k, x, y in diff)
+                         + f"\n  {a.label}'s model: {who(a)}\n  {b.label}'s model: {who(b)}"
+                         + "\n  hint: dump both runs from the same checkpoint (./zaya MODEL.bin / tools/golden_hf.py "
+                           "of the same folder) and the same --ids")
 
 
 def guarded(work):

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from .dumps import Dump, InputError, guarded
+from .dumps import same_model, Dump, InputError, guarded
 from .metrics import cosine, cosines, fmt, fsum, logits_rows_stats, row_errors, row_metrics, topk_ids, unravel
 from .names import (ATOL, COS_INT8, COS_INT8_ROW, FLOOR_REL, LOGITS_ATOL, LOGITS_TOPK_ATOL_INT8, STATE_SUFFIXES,
                     TOPK_RE, kind_of, layer_of)
@@ -466,6 +466,7 @@ def main(args):
     def compare_dumps():
         test = Dump(args.test_dir, "TEST")
         ref = Dump(args.ref_dir, "REF")
+        same_model(test, ref)   # first: two models differ in every shape, the prompts may too
         if test.tokens is not None and ref.tokens is not None and test.tokens != ref.tokens:
             diff = next((i for i, (x, y) in enumerate(zip(test.tokens, ref.tokens)) if x != y),
                         min(len(test.tokens), len(ref.tokens)))
@@ -476,12 +477,23 @@ def main(args):
         mode = args.weights or ("int8" if "int8" in (str(test.weights), str(ref.weights)) else "fp32")
         c = Comparison(test, ref, mode, args.tol_scale, args.near_tie)
         c.run()
+        if c.errors:   # a truncated or unreadable tensor: the error first, and no verdict on the rest
+            raise InputError(f"{len(c.errors)} input error(s), so there is no verdict:\n"
+                             + "\n".join("  " + e for e in c.errors[:10])
+                             + (f"\n  ... {len(c.errors) - 10} more" if len(c.errors) > 10 else "")
+                             + "\n  hint: the dump is cut short or corrupt (a full disk, an interrupted copy); "
+                               "write it again; a shape mismatch: see its hint")
         return test, ref, mode, c
     result, rc = guarded(compare_dumps)
     if rc:
         return rc
     test, ref, mode, c = result
     report(c, args.verbose)
+    bf16 = [f"{d.label} {d.folder}" for d in (test, ref) if str(d.index.get("precision") or "fp32") != "fp32"]
+    if bf16 and (c.first_divergence() or c.flips):
+        print(f"hint: {' and '.join(bf16)} says precision bf16 (index.json): a bf16 run differs from fp32 from layer 0 on "
+              f"by design; the plain tolerances are fp32's. To tell bf16 from a bug: compare.py PORT FP32_REF --envelope "
+              f"BF16_RUN (docs/compare.md §8), or compare.py --local PORT --model MODEL.bin --bf16 (§9)")
     if args.json:
         try:
             with open(args.json, "w") as f:

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from .dumps import Dump, InputError, guarded
+from .dumps import Dump, InputError, guarded, need_router_indices
 from .endtoend import Comparison
 from .metrics import fmt, fsum, row_errors, row_metrics, topk_ids
 from .names import ATOL, FLOOR_REL, LOGITS_ATOL, STATE_SUFFIXES, TOPK_RE, kind_of, layer_of
@@ -287,6 +287,8 @@ class EnvelopeCheck:
             worst = max(mine, key=lambda r: r["max_ratio"], default=None)
             out.append({"layer": i, "port": o.get("port_rel_l2"), "envelope": o.get("envelope_rel_l2"),
                         "spread": o.get("spread_rel_l2"), "tensor_ratio": o.get("tensor_ratio"),
+                        "rows": len(o["row_ratios"]) if o else None,
+                        "judged": len(o["row_ratios"]) - o["shadowed"] if o else None,
                         "worst": worst and (worst["name"], worst["max_ratio"], worst["max_ratio_pos"])})
         return out
 
@@ -306,14 +308,17 @@ def envelope_report(e, verbose):
         if side.index.get("precision") not in (None, "bf16"):
             print(f"note: {label} says precision {side.index.get('precision')}: the envelope should be a bf16 run")
     has_spread = e.spread is not None
-    print("\nper layer (rel L2 of the layer output against FP32; ratio = port / envelope):")
+    print("\nper layer (port, envelope: rel L2 of the layer output against FP32 over all rows; judged ratio: the "
+          "port's row distances / the envelope's,\nRMS over the judged rows only (rows after routing flips no envelope "
+          "run shares are left out), so it is not port / envelope when rows are left out):")
     print(f"{'layer':>5s} {'port':>10s} {'envelope':>10s}" + (f" {'spread':>10s}" if has_spread else "")
-          + f" {'ratio':>7s}  largest row ratio (tensor, position)")
+          + f" {'judged rows':>11s} {'judged ratio':>12s}  largest row ratio (tensor, position)")
     for row in e.layer_rows():
         w = row["worst"]
+        judged = f"{row['judged']}/{row['rows']}" if row["rows"] is not None else "-"
         print(f"{row['layer']:5d} {fmt(row['port']):>10s} {fmt(row['envelope']):>10s}"
               + (f" {fmt(row['spread']):>10s}" if has_spread else "")
-              + f" {fmt(row['tensor_ratio'], '.2f'):>7s}  " + (f"{w[1]:.2f} ({w[0]}, {w[2]})" if w else "-"))
+              + f" {judged:>11s} {fmt(row['tensor_ratio'], '.2f'):>12s}  " + (f"{w[1]:.2f} ({w[0]}, {w[2]})" if w else "-"))
     if e.margin_move:
         print(f"bf16 near-tie: a flip at an fp32 margin below max({e.near_tie:g}, {ENV_FLIP_K:g} x the largest margin "
               f"change of an envelope run in that layer): " + ", ".join(
@@ -372,8 +377,11 @@ def envelope_report(e, verbose):
         return 2
     w = max(judged, key=lambda x: x["max_ratio"])
     far = max(x["tensor_ratio"] for x in judged) < ENV_FAR
+    n_rows = sum(len(x["row_ratios"]) for x in e.results)
+    unjudged = (f" ({100.0 * n_skip / n_rows:.0f} % of rows not judged: after routing flips no envelope run shares; "
+                f"a --spread run with the port's flips judges them)" if n_skip and n_rows else "")
     print(f"VERDICT: within the bf16 envelope" + (" (far below it: as close to FP32 as an fp32 run)" if far else "")
-          + f"; largest row ratio {w['max_ratio']:.3g}x at {w['name']}, position {w['max_ratio_pos']} "
+          + unjudged + f"; largest row ratio {w['max_ratio']:.3g}x at {w['name']}, position {w['max_ratio_pos']} "
           f"(limit {ENV_ROW_K:g}x)")
     return 0
 
@@ -397,6 +405,8 @@ def main(args):
         for d in dumps:
             if d.tokens is None and toks:
                 d.tokens = toks[0][1]
+        for d in dumps:
+            need_router_indices(d, "--envelope")
         e = EnvelopeCheck(dumps[0], ref, dumps[2], dumps[3] if args.spread else None, args.near_tie)
         e.run()
         return e

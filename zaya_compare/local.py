@@ -19,7 +19,7 @@ import subprocess
 
 import numpy as np
 
-from .dumps import Dump, InputError, guarded
+from .dumps import Dump, InputError, guarded, need_router_indices
 from .metrics import fmt, fsum, row_metrics
 from .names import ATOL, LAYER_OUTPUT, LAYER_STATE, execution_order, kind_of, layer_of
 
@@ -77,13 +77,40 @@ def open_dumps(args):
     port, replay = Dump(args.test_dir, "PORT"), Dump(args.ref_dir, "REPLAY")
     env = Dump(args.envelope, "ENVELOPE") if args.envelope else None
     ref = Dump(args.reference, "REF") if args.reference else None
-    if not isinstance(replay.index.get("replay"), dict):
-        raise InputError(f"{args.ref_dir} is not a replay (its index.json has no `replay` section)\n"
-                         f"  hint: ./zaya MODEL.bin --replay {args.test_dir} --dump {args.ref_dir}")
+    need_router_indices(port, "--local")
+    replay_of(port, replay, "REPLAY", args.model, None)
+    if env is not None:
+        replay_of(port, env, "--envelope", args.model, "bf16")
     for other in (env, ref):
         if other is not None and other.tokens is not None and port.tokens is not None and other.tokens != port.tokens:
             raise InputError(f"{other.folder} is of other ids than the port's dump\n  hint: dump the same --ids")
     return port, replay, env, ref
+
+
+def replay_of(port, d, role, model, precision):
+    """Refuses d unless it is ./zaya's --replay of the port's dump (index.json's `replay` section names the
+    dump it replayed, `of`; the ids must be the port's): an end-to-end run is no local reference."""
+    how = (f"./zaya {model or 'MODEL.bin'} --replay {port.folder} --dump "
+           f"{port.folder.rstrip('/')}_replay_{precision or 'fp32'}" + (f" --precision {precision}" if precision else ""))
+    rep = d.index.get("replay")
+    if not isinstance(rep, dict):
+        what = f"a {d.index.get('precision') or 'fp32'} end-to-end run ({d.producer()})"
+        raise InputError(f"{role} {d.folder} is not a replay of {port.folder}: its index.json has no `replay` section, "
+                         f"it is {what}\n  expected: zaya.c's recomputation of each layer from the port's own inputs "
+                         f"(an end-to-end run's local error is the whole drift up to that layer, far too wide)\n"
+                         f"  hint: make one with {how}")
+    of = rep.get("of")
+    if isinstance(of, str) and os.path.exists(of) and os.path.exists(port.folder) \
+            and not os.path.samefile(of, port.folder):
+        raise InputError(f"{role} {d.folder} is not a replay of {port.folder}: it replays {of}\n"
+                         f"  hint: make one with {how}")
+    if d.tokens is not None and port.tokens is not None and d.tokens != port.tokens:
+        raise InputError(f"{role} {d.folder} is not a replay of {port.folder}: its ids are not the port's "
+                         f"({len(d.tokens)} vs {len(port.tokens)} positions)\n  hint: make one with {how}")
+    if precision and d.index.get("precision") is None:
+        raise InputError(f"{role} {d.folder} is an fp32 replay; the local envelope is a bf16 one\n"
+                         f"  expected: index.json precision bf16 (or another bf16 placement), found none (fp32)\n"
+                         f"  hint: make one with {how}")
 
 
 def routing_flips(port, replay, layer, near_tie):
@@ -378,8 +405,9 @@ def report_tiers(args, port, ref, res):
 
 def local_main(args):
     if args.model and args.bf16 and not args.envelope:
-        reps = tier_replays(args)
         port = Dump(args.test_dir, "PORT")
+        need_router_indices(port, "--local --bf16")
+        reps = tier_replays(args)
         ref = Dump(args.reference, "REF") if args.reference else None
         for other in (reps["fp32"], ref):
             if other is not None and other.tokens is not None and port.tokens is not None and other.tokens != port.tokens:
