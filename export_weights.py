@@ -74,12 +74,7 @@ class ExportError(Exception):
 
 
 def fail(what, where, expected=None, found=None, hint=None):
-    msg = f"{what}\n  where:    {where}"
-    if expected is not None:
-        msg += f"\n  expected: {expected}\n  found:    {found}"
-    if hint:
-        msg += f"\n  hint:     {hint}"
-    raise ExportError(msg)
+    raise ExportError(gguf.message(what, where, expected, found, hint))
 
 
 # ----------------------------------------------------------------------------------------------

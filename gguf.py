@@ -39,13 +39,18 @@ class GGUFError(ValueError):
     """A problem with the GGUF file; the message is printed as is."""
 
 
-def fail(what, where, expected=None, found=None, hint=None):
+def message(what, where, expected=None, found=None, hint=None):
+    """The project's error text: what was wrong, where, expected vs found, a hint (export_weights.py too)."""
     msg = f"{what}\n  where:    {where}"
     if expected is not None:
         msg += f"\n  expected: {expected}\n  found:    {found}"
     if hint:
         msg += f"\n  hint:     {hint}"
-    raise GGUFError(msg)
+    return msg
+
+
+def fail(what, where, expected=None, found=None, hint=None):
+    raise GGUFError(message(what, where, expected, found, hint))
 
 
 # ggml_type ids (ggml/include/ggml.h) -> name; (elements per block, bytes per block) for the ones read here

@@ -458,15 +458,18 @@ def convert(map_path, raw, out, n_layers=None, given=None, log=print):
     return [n for n, _, _ in exact], [n for n, _, _ in approx], missing, unread
 
 
+def dump_files(d):
+    """{tensor name: its file} of a dump folder's index.json."""
+    try:
+        with open(os.path.join(d, "index.json")) as f:
+            return {t["name"]: os.path.join(d, t.get("file") or file_name(t["name"])) for t in json.load(f)["tensors"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise MapError(f"cannot read the dump {d}: {e}")
+
+
 def approximate_report(port_dir, replay_dir, log=print):
     """The approximate taps of a converted dump beside zaya.c's replay: shown, not judged."""
-    def index(d):
-        try:
-            with open(os.path.join(d, "index.json")) as f:
-                return {t["name"]: os.path.join(d, t.get("file") or file_name(t["name"])) for t in json.load(f)["tensors"]}
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise MapError(f"cannot read the dump {d}: {e}")
-    port, rep = index(port_dir), index(replay_dir)
+    port, rep = dump_files(port_dir), dump_files(replay_dir)
     log(f"\napproximate taps (the port computes something close to them, see `why` in {port_dir}/index.json); "
         f"shown, not judged:")
     log(f"{'tensor':62s} {'rel L2 vs replay':>16}")
@@ -558,13 +561,7 @@ def globals_report(port_dir, ref_dir, log=print):
     """The taps outside the layers, the port against zaya.c's run of the same ids and weights: the embedding
     and layer 0's input come before any layer and must agree (fp32 row tolerance); model.norm and logits
     carry every layer's error end to end (shown, not judged; their local check is the last layer's)."""
-    def index(d):
-        try:
-            with open(os.path.join(d, "index.json")) as f:
-                return {t["name"]: os.path.join(d, t.get("file") or file_name(t["name"])) for t in json.load(f)["tensors"]}
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise MapError(f"cannot read the dump {d}: {e}")
-    port, ref = index(port_dir), index(ref_dir)
+    port, ref = dump_files(port_dir), dump_files(ref_dir)
     log("\noutside the layers (the port against zaya.c on the same ids and weights):")
     bad = 0
     for name, judged in (("model.embed_tokens", True), ("model:input_scaled", True), ("model.norm", False), ("logits", False)):
