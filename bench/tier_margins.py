@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/tier_margins.py FIXTURE_NAME BLOB OUT_DIR [--layers 0,2,3] [--official DUMP ...]
 
-Legitimate runs: zaya.c's placements (PLACEMENTS of local_tiers.py) and any official dumps given with
+Legitimate runs: zaya.c's placements (PLACEMENTS of zaya_compare/local.py) and any official dumps given with
 --official (e.g. tools/fixture_to_dump.py of golden_bf16 and golden_bf16/decode). One-step bugs: zaya.c built
 with one change (BUGS below, each in one layer) and run at the official placement (bf16-torch1.13): a
 bf16 port that rounds where the official code does, with one bug. For each run: the tier-1 verdict, the
