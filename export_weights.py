@@ -97,14 +97,7 @@ class SafetensorsFile:
 
     def __init__(self, path):
         self.path = path
-        try:
-            self.size = os.path.getsize(path)
-            self.f = open(path, "rb")
-        except OSError as e:
-            fail("cannot open safetensors file", path, hint=str(e))
-        if self.size < 8:
-            fail("safetensors file is truncated", path, "at least 8 bytes", f"{self.size} bytes",
-                 "re-download the file")
+        self.size, self.f = gguf.open_sized(path, "safetensors", 8, "at least 8 bytes", "re-download the file", fail)
         (n,) = struct.unpack("<Q", self.f.read(8))
         if n == 0 or n > min(self.size - 8, 100 << 20):
             fail("safetensors header length is out of range", path,

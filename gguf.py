@@ -98,17 +98,24 @@ class GGUFTensor:
         self.numel = n
 
 
+def open_sized(path, kind, least, what_least, hint, fail=fail):
+    """(size, binary file) of a weight file at least `least` bytes long, else fail(...) (export_weights.py too)."""
+    try:
+        size = os.path.getsize(path)
+        f = open(path, "rb")
+    except OSError as e:
+        fail(f"cannot open {kind} file", path, hint=str(e))
+    if size < least:
+        f.close()
+        fail(f"{kind} file is truncated", path, what_least, f"{size} bytes", hint)
+    return size, f
+
+
 class GGUFFile:
     def __init__(self, path):
         self.path = path
-        try:
-            self.size = os.path.getsize(path)
-            self.f = open(path, "rb")
-        except OSError as e:
-            fail("cannot open GGUF file", path, hint=str(e))
-        if self.size < 24:
-            fail("GGUF file is truncated", path, "at least 24 bytes (magic, version, counts)", f"{self.size} bytes",
-                 "the file is incomplete; download or convert it again")
+        self.size, self.f = open_sized(path, "GGUF", 24, "at least 24 bytes (magic, version, counts)",
+                                       "the file is incomplete; download or convert it again")
         self.mm = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
         self.pos = 0
         magic = self.mm[:4]
