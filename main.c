@@ -581,14 +581,14 @@ static void replay(const ZayaModel *m, ZayaState *s, const Options *o, Dump *dum
                     info.input_computed ? "computed from the ids" : "model:input_scaled");
     for (int i = 0; i < m->config.num_layers; i++)
         len += snprintf(json + len, sizeof json - (size_t)len, "%s%s", i ? ", " : "", info.router_state_from_port[i] ? "true" : "false");
-    snprintf(json + len, sizeof json - (size_t)len, "]}");
+    snprintf(json + len, sizeof json - (size_t)len, "], \"final_norm_and_logits\": %s}", info.final_in_port ? "true" : "false");
     dump->replay_json = json;
     s->tap = dump_learn;   /* the taps of one position of the replay itself: every layer, then the LM head */
     s->tap_ctx = dump;
     const int H = m->config.hidden_size, L = m->config.num_layers;
     float *zero = calloc((size_t)H + (size_t)m->config.router_hidden, sizeof(float));
     if (!zero) die("out of memory");
-    for (int i = 0; i <= L; i++) {
+    for (int i = 0; i <= (info.final_in_port ? L : L - 1); i++) {   /* the LM head only where the port has its outputs */
         zaya_state_reset(s, m);
         if (zaya_replay_layer(m, s, i, zero, zero + H, 1, err, sizeof err) != 0) die("%s", err);
     }

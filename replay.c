@@ -12,6 +12,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "replay.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,12 +120,23 @@ static int port_has(const char *dir, const char *name) {
     return f != NULL;
 }
 
+/* Whether the port's dump has the final norm or logits (full, or a logits:topK file). */
+static int port_has_final(const char *dir) {
+    if (port_has(dir, "model.norm") || port_has(dir, "logits")) return 1;
+    DIR *d = opendir(dir);
+    int found = 0;
+    for (struct dirent *e; d && !found && (e = readdir(d));) found = !strncmp(e->d_name, "logits~top", 10);
+    if (d) closedir(d);
+    return found;
+}
+
 int zaya_replay_open(const ZayaModel *m, const char *dir, ReplayInfo *info, char *err, size_t errlen) {
     memset(info, 0, sizeof *info);
     err[0] = 0;
     info->n_tokens = read_port_tokens(dir, &info->tokens, err, errlen);
     if (info->n_tokens < 0) return -1;
     info->input_computed = !port_has(dir, "model:input_scaled");
+    info->final_in_port = port_has_final(dir);
     for (int i = 1; i < m->config.num_layers; i++) {
         char name[160];
         snprintf(name, sizeof name, "model.layers.%d.mlp.gate:router_state", i - 1);
@@ -152,7 +164,9 @@ int zaya_replay_run(const ZayaModel *m, ZayaState *s, const char *dir, const Rep
     }
     if (log) fprintf(log, "replay: %d positions of %s; layer 0 from %s\n", T, dir,
                      info->input_computed ? "zaya.c's embedding of the ids (the dump has no model:input_scaled)" : "model:input_scaled");
-    for (int i = 0; i <= L; i++) {
+    if (log && !info->final_in_port)
+        fprintf(log, "replay: the dump has no model.norm or logits: the final norm and the LM head are not replayed\n");
+    for (int i = 0; i <= (info->final_in_port ? L : L - 1); i++) {
         char name[160];
         if (i > 0) {   /* the port's output of layer i-1; its EDA state where the port has it, else ours (in rho) */
             snprintf(name, sizeof name, "model.layers.%d.post_mlp_residual_scale", i - 1);

@@ -9,15 +9,18 @@
 typedef struct {
     int *tokens, n_tokens;                                  /* the ids of the port's dump (index.json) */
     int input_computed;                                     /* 1: layer 0's input from zaya.c's embedding of the ids */
+    int final_in_port;                                      /* 1: the dump has model.norm or logits: replay them */
     unsigned char router_state_from_port[ZAYA_MAX_LAYERS];  /* [i]: layer i's EDA read the port's state of layer i-1 */
 } ReplayInfo;
 
-/* Reads the port's dump in dir: its ids (index.json "tokens") and which of the tensors that replay can
- * take from it are there (model:input_scaled, each layer's mlp.gate:router_state). info->tokens is
+/* Reads the port's dump in dir: its ids (index.json "tokens"), which of the tensors that replay can
+ * take from it are there (model:input_scaled, each layer's mlp.gate:router_state), and whether it has
+ * anything after the last layer (model.norm, logits, logits:top*). info->tokens is
  * malloc'ed (free it). Returns 0, or -1 with a message in err. */
 int zaya_replay_open(const ZayaModel *m, const char *dir, ReplayInfo *info, char *err, size_t errlen);
 
-/* Replays every layer of the model, then the final norm and the LM head, each from the port's dump in
+/* Replays every layer of the model, then the final norm and the LM head (only when the dump has model.norm or
+ * logits: with taps on, the LM head runs at every position, most of a full-width replay's time), each from the port's dump in
  * dir (its model.layers.{i}.post_mlp_residual_scale, and mlp.gate:router_state where present), all
  * positions, reporting every tap to s->tap. Notes what it took from where on log (may be NULL).
  * Returns 0, or -1 with a message in err (a missing or malformed tensor of the dump, too many

@@ -9,7 +9,8 @@ their checks), judge_layers() (the verdict per layer and tap), report().
 A bf16 port with --model M --bf16 gets the two-tier verdict (docs/compare.md §9), below report():
 zaya.c replays the port at every legitimate bf16 placement (PLACEMENTS) and in fp32; tier 1
 (judge_tiers) sets each tap beside the replay at the official placement in bf16 ulps (a port that rounds
-where the official code rounds agrees to a few ulps in a few elements); tier 2 sets its local error
+where the official code rounds agrees to a few ulps in a few elements), and each elementwise step whose
+inputs agree bit for bit must agree to the ulp (step_check); tier 2 sets its local error
 (against the fp32 replay) beside the placements' envelope (the largest local error of a legitimate
 placement) and names the placement the port is closest to; report_tiers() prints both. main(args) is
 the view compare.py calls.
@@ -21,7 +22,7 @@ import numpy as np
 
 from .dumps import Dump, InputError, guarded, need_router_indices
 from .metrics import fmt, fsum, row_metrics
-from .names import ATOL, LAYER_OUTPUT, LAYER_STATE, execution_order, kind_of, layer_of
+from .names import ATOL, CAUSAL, DEPS, ELEMENTWISE, LAYER_OUTPUT, LAYER_STATE, execution_order, kind_of, layer_of
 
 # A bf16 port's local error of a tap may be this many times zaya.c's local bf16 envelope (the bf16
 # replay against the fp32 replay of the same inputs): docs/compare.md has the measurements (legitimate
@@ -252,6 +253,8 @@ PLACEMENTS = dict(OFFICIAL, **{"vLLM: fp32 residual scaling and norms": "bf16+fp
 TIER1_ULPS = 2          # an element agrees within this many bf16 ulps of the official replay's value
 TIER1_FRACTION = 0.01   # a tap computes like the official code when at most this fraction is further
 TIER1_WRONG = 0.5       # ... and is an error, in a port that rounds like the official code, above this fraction
+STEP_ULPS = 1           # an elementwise step fed bit-identical inputs: an element further than this is off,
+STEP_FRACTION = 0.001   # ... and the step departs when more than this fraction of its judged elements is
 TIER2_FACTOR = 2.0      # a tap is within when its local error <= this x the placements' envelope
 TIER2_FLOOR = 1e-6      # rel L2 below this is float32 noise of a replay
 
@@ -278,6 +281,52 @@ def tier_replays(args):
         run_replay(args.model, args.test_dir, folder, prec)
         reps[label] = Dump(folder, "REPLAY")
     return reps
+
+
+def step_inputs(name, n_layers):
+    """The full names of a tap's direct inputs (DEPS; "" = the layer's input, which the replay takes from
+    the port), the previous layer's EDA state for the EDA step; None for a tap without a DEPS entry."""
+    layer = layer_of(name)
+    if name == "model.norm":
+        return [""]
+    if name == "logits":
+        return ["model.norm"]
+    if layer is None:
+        return None
+    p = f"model.layers.{layer}."
+    deps = DEPS.get(name[len(p):])
+    if deps is None:
+        return None
+    out = [d and p + d for d in deps]
+    if name.endswith("mlp.gate:router_state") and layer > 0:
+        out.append(f"model.layers.{layer - 1}.mlp.gate:router_state")
+    if name.endswith("mlp.experts"):
+        out.append(p + "mlp.gate.router_indices")
+    return out
+
+
+def step_check(port, rep, name, rows, ulps, n_layers):
+    """An elementwise step fed the same inputs as the replay: (judged positions, elements judged, elements more
+    than STEP_ULPS off) over the positions whose every input agrees with the replay bit for bit (for a step
+    that reads earlier positions, every earlier position too), or None when an input is not in the dump."""
+    short = name.split(".", 3)[3] if name.startswith("model.layers.") else name
+    if short not in ELEMENTWISE:
+        return None
+    deps = step_inputs(name, n_layers)
+    if deps is None or any(d and not (port.has(d) and rep.has(d)) for d in deps):
+        return None
+    T = len(rows)
+    clean = np.ones(T, dtype=bool)
+    for d in (d for d in deps if d):
+        (sa, a), (sb, b) = port.load(d), rep.load(d)
+        if list(sa) != list(sb) or not sa or sa[0] < max(rows) + 1:
+            return None
+        a, b = a.reshape(sa[0], -1)[rows], b.reshape(sb[0], -1)[rows]
+        clean &= np.all((a == b) | (np.isnan(a) & np.isnan(b)), axis=1)
+    if short in CAUSAL:
+        clean = np.logical_and.accumulate(clean)
+    judged = ulps[clean]
+    return int(clean.sum()), int(judged.size), int((judged > STEP_ULPS).sum())
 
 
 def judge_tiers(args, port, reps):
@@ -320,6 +369,8 @@ def judge_tiers(args, port, reps):
         rep = {lb: r.load(name)[1].reshape(shape[0], -1)[rows] for lb, r in reps.items()}
         ulps = {lb: bf16_ulps(pr, rep[lb]) for lb in OFFICIAL}
         variant = min(ulps, key=lambda lb: int((ulps[lb] > TIER1_ULPS).sum()))
+        steps = {lb: step_check(port, reps[lb], name, rows, ulps[lb], n_layers) for lb in OFFICIAL}
+        step = max(steps.values(), key=lambda c: (c[0], -c[2])) if all(steps.values()) else None   # the variant it is fed like
         beyond, size = int((ulps[variant] > TIER1_ULPS).sum()), int(pr.size)
         env_by = {lb: rel_l2(rep[lb], rep["fp32"]) for lb in PLACEMENTS}
         envelope = max(max(env_by.values()), TIER2_FLOOR)
@@ -329,13 +380,19 @@ def judge_tiers(args, port, reps):
             closeness[lb] += dist[lb] / envelope
         t = {"name": name, "layer": layer, "beyond": beyond, "size": size, "max_ulps": float(ulps[variant].max()),
              "variant": variant, "envelope": envelope, "error": error, "ratio": error / envelope,
-             "closest": min(dist, key=dist.get)}
+             "closest": min(dist, key=dist.get), "step": step}
         taps.append(t)
         if like_official is None:   # the port's first tap: does it round where the official code does (at most
             like_official = int((ulps[variant] > 0.5).sum()) <= TIER1_FRACTION * size   # 1% of it off by an ulp)?
         if beyond > TIER1_FRACTION * size and first1 is None:
             first1 = (name, f"{beyond} of {size} elements more than {TIER1_ULPS} bf16 ulps from zaya.c's {variant} "
                             f"replay (largest {t['max_ulps']:.3g} ulps; at most {TIER1_FRACTION:.0%} computes like it)")
+        if like_official and step and step[1] and step[2] > STEP_FRACTION * step[1] and wrong is None:
+            wrong = (name, f"an elementwise step fed the port's own inputs: on the {step[0]} of {len(rows)} positions "
+                           f"where its inputs agree with zaya.c's official replay bit for bit, {step[2]} of {step[1]} "
+                           f"elements are more than {STEP_ULPS} bf16 ulp off (a port that rounds like the official code "
+                           f"computes it to the ulp; limit {STEP_FRACTION:.1%})")
+            first1 = first1 or (name, wrong[1])
         if like_official and beyond > TIER1_WRONG * size and wrong is None:
             wrong = (name, f"{beyond} of {size} elements more than {TIER1_ULPS} bf16 ulps from zaya.c's {variant} replay "
                            f"(a port that rounds like the official code: more than {TIER1_WRONG:.0%} of a tap is an error)")
@@ -381,10 +438,12 @@ def report_tiers(args, port, ref, res):
         for t in res["taps"]:
             if "ratio" in t:
                 print(f"  {t['name']:60s} tier 1 {t['beyond']:>7}/{t['size']:<7} ({t['variant']})  tier 2 {t['error']:.3g} / "
-                      f"{t['envelope']:.3g} = {t['ratio']:.3g}x  closest: {t['closest']}")
+                      f"{t['envelope']:.3g} = {t['ratio']:.3g}x  closest: {t['closest']}"
+                      + (f"  step: {t['step'][2]}/{t['step'][1]} off on {t['step'][0]} positions" if t.get("step") else ""))
     if res["tier1_first"] is None:
         print(f"\nTIER 1: computes like the official bf16 code (every tap within {TIER1_ULPS} bf16 ulps of zaya.c's "
-              f"official-placement replay on all but {TIER1_FRACTION:.0%} of its elements)")
+              f"official-placement replay on all but {TIER1_FRACTION:.0%} of its elements; every elementwise step fed "
+              f"bit-identical inputs to the ulp)")
     else:
         name, why = res["tier1_first"]
         print(f"\nTIER 1: does not compute like the official bf16 code from {name} on: {why}"

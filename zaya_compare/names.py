@@ -79,6 +79,41 @@ LAYER_STATE = ["self_attn.qkv_proj:conv_state", "self_attn.qkv_proj:delayed_valu
                "self_attn:key_cache", "self_attn:value_cache"]
 LAYER_OUTPUT = "post_mlp_residual_scale"
 
+# Each tap's inputs inside a layer (docs/compare.md §2; "" = the layer's input, which the replay takes from the port)
+DEPS = {
+    "input_layernorm": [""], "self_attn.qkv_proj.q_proj": ["input_layernorm"], "self_attn.qkv_proj.k_proj": ["input_layernorm"],
+    "self_attn.qkv_proj.conv_qk_depthwise": ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj"],
+    "self_attn.qkv_proj.conv_qk_grouped": ["self_attn.qkv_proj.conv_qk_depthwise"],
+    "self_attn.qkv_proj:query_residual": ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj"],
+    "self_attn.qkv_proj:key_residual": ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj"],
+    "self_attn.qkv_proj:query": ["self_attn.qkv_proj.conv_qk_grouped", "self_attn.qkv_proj:query_residual"],
+    "self_attn.qkv_proj:key": ["self_attn.qkv_proj.conv_qk_grouped", "self_attn.qkv_proj:key_residual"],
+    "self_attn.qkv_proj.v_proj_current": ["input_layernorm"], "self_attn.qkv_proj.v_proj_delayed": ["input_layernorm"],
+    "self_attn.qkv_proj:value": ["self_attn.qkv_proj.v_proj_current", "self_attn.qkv_proj.v_proj_delayed"],
+    "self_attn.qk_norm:query": ["self_attn.qkv_proj:query"], "self_attn.qk_norm:key": ["self_attn.qkv_proj:key"],
+    "self_attn:query_after_rope": ["self_attn.qk_norm:query"], "self_attn:key_after_rope": ["self_attn.qk_norm:key"],
+    "self_attn:attn_output": ["self_attn:query_after_rope", "self_attn:key_after_rope", "self_attn.qkv_proj:value"],
+    "self_attn.o_proj": ["self_attn:attn_output"], "post_attention_residual_scale": ["self_attn.o_proj", ""],
+    "post_attention_layernorm": ["post_attention_residual_scale"], "mlp.gate.down_proj": ["post_attention_layernorm"],
+    "mlp.gate:router_state": ["mlp.gate.down_proj"], "mlp.gate.router_mlp.norm": ["mlp.gate:router_state"],
+    "mlp.gate.router_mlp.fc1": ["mlp.gate.router_mlp.norm"], "mlp.gate.router_mlp.fc2": ["mlp.gate.router_mlp.fc1"],
+    "mlp.gate.router_mlp": ["mlp.gate.router_mlp.fc2"], "mlp.gate:router_probs": ["mlp.gate.router_mlp"],
+    "mlp.gate:router_scores": ["mlp.gate:router_probs"], "mlp.gate:router_weight": ["mlp.gate:router_probs"],
+    "mlp.experts": ["post_attention_layernorm", "mlp.gate:router_weight"],
+    "post_mlp_residual_scale": ["mlp.experts", "post_attention_residual_scale"],
+}
+# Steps whose official bf16 output is one rounding of a float32 function of their inputs, with no sum
+# over a long axis: fed the same inputs bit for bit, every torch build gives the same output to the ulp
+# (docs/bf16.md "PyTorch CPU semantics"). The products (Linear, convolutions, norms, attention, the
+# router MLP, the experts) may differ by an ulp where another build sums in another order.
+ELEMENTWISE = {"self_attn.qkv_proj:query_residual", "self_attn.qkv_proj:key_residual", "self_attn.qkv_proj:query",
+               "self_attn.qkv_proj:key", "self_attn.qkv_proj:value", "self_attn:query_after_rope",
+               "self_attn:key_after_rope", "post_attention_residual_scale", "mlp.gate:router_state",
+               "mlp.gate:router_probs", "mlp.gate:router_scores", "mlp.gate:router_weight", "post_mlp_residual_scale"}
+# Steps that read earlier positions too (the convolutions' window, the delayed value, attention)
+CAUSAL = {"self_attn.qkv_proj.conv_qk_depthwise", "self_attn.qkv_proj.conv_qk_grouped", "self_attn.qkv_proj:value",
+          "self_attn:attn_output"}
+
 
 def execution_order(n_layers):
     """Every tensor name a full dump of an n_layers model holds, in execution order."""

@@ -44,7 +44,7 @@ import sys
 import numpy as np
 
 from .dumps import InputError, file_name
-from .names import GLOBAL_FIRST, GLOBAL_LAST, LAYER_TENSORS
+from .names import DEPS, GLOBAL_FIRST, GLOBAL_LAST, LAYER_TENSORS
 
 FORMAT = "zaya-portmap/1"
 
@@ -483,31 +483,6 @@ def approximate_report(port_dir, replay_dir, log=print):
             continue
         rel = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
         log(f"{name:62s} {rel:16.3g}")
-
-
-# Each tap's inputs inside a layer (docs/compare.md §2; "" = the layer's input, which the replay takes from the port)
-DEPS = {
-    "input_layernorm": [""], "self_attn.qkv_proj.q_proj": ["input_layernorm"], "self_attn.qkv_proj.k_proj": ["input_layernorm"],
-    "self_attn.qkv_proj.conv_qk_depthwise": ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj"],
-    "self_attn.qkv_proj.conv_qk_grouped": ["self_attn.qkv_proj.conv_qk_depthwise"],
-    "self_attn.qkv_proj:query_residual": ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj"],
-    "self_attn.qkv_proj:key_residual": ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj"],
-    "self_attn.qkv_proj:query": ["self_attn.qkv_proj.conv_qk_grouped", "self_attn.qkv_proj:query_residual"],
-    "self_attn.qkv_proj:key": ["self_attn.qkv_proj.conv_qk_grouped", "self_attn.qkv_proj:key_residual"],
-    "self_attn.qkv_proj.v_proj_current": ["input_layernorm"], "self_attn.qkv_proj.v_proj_delayed": ["input_layernorm"],
-    "self_attn.qkv_proj:value": ["self_attn.qkv_proj.v_proj_current", "self_attn.qkv_proj.v_proj_delayed"],
-    "self_attn.qk_norm:query": ["self_attn.qkv_proj:query"], "self_attn.qk_norm:key": ["self_attn.qkv_proj:key"],
-    "self_attn:query_after_rope": ["self_attn.qk_norm:query"], "self_attn:key_after_rope": ["self_attn.qk_norm:key"],
-    "self_attn:attn_output": ["self_attn:query_after_rope", "self_attn:key_after_rope", "self_attn.qkv_proj:value"],
-    "self_attn.o_proj": ["self_attn:attn_output"], "post_attention_residual_scale": ["self_attn.o_proj", ""],
-    "post_attention_layernorm": ["post_attention_residual_scale"], "mlp.gate.down_proj": ["post_attention_layernorm"],
-    "mlp.gate:router_state": ["mlp.gate.down_proj"], "mlp.gate.router_mlp.norm": ["mlp.gate:router_state"],
-    "mlp.gate.router_mlp.fc1": ["mlp.gate.router_mlp.norm"], "mlp.gate.router_mlp.fc2": ["mlp.gate.router_mlp.fc1"],
-    "mlp.gate.router_mlp": ["mlp.gate.router_mlp.fc2"], "mlp.gate:router_probs": ["mlp.gate.router_mlp"],
-    "mlp.gate:router_scores": ["mlp.gate:router_probs"], "mlp.gate:router_weight": ["mlp.gate:router_probs"],
-    "mlp.experts": ["post_attention_layernorm", "mlp.gate:router_weight"],
-    "post_mlp_residual_scale": ["mlp.experts", "post_attention_residual_scale"],
-}
 
 
 def step_summary(report_path, jump=3.0, log=print):
