@@ -16,7 +16,8 @@
    tier 1's step check). A port whose Linear sums differ by a few float32 ulps passes. The official bf16 runs pass: the whole prompt computes like
    the official code (tier 1), token by token within the placements' envelope (tier 2); zaya.c run in
    vLLM's placement passes and is named closest to it.
-4. Bad input: --replay without --dump, a dump missing a layer boundary, a truncated tensor.
+4. A dump without the final norm and logits (not replayed); bad input: --replay without --dump, a dump
+   missing a layer boundary, a truncated tensor.
 """
 import json
 import os
@@ -197,6 +198,17 @@ with open(cut, "wb") as f:
     f.write(data[:len(data) // 2])
 rc, _, err = run(["./zaya", fp32, "--replay", holed, "--dump", os.path.join(OUT, "cut_replay")])
 check(rc != 0 and "cut short" in err and "model.layers.1" in err, "a truncated tensor: reported as cut short", err[-300:])
+layers_only = os.path.join(OUT, "layers_only")   # a port that dumps no final norm or logits: the LM head is not replayed
+shutil.copytree(o_proj2_dump, layers_only)
+for f in ("logits.npy", "model.norm.npy"):
+    os.remove(os.path.join(layers_only, f))
+rc, _, err = run(["./zaya", bf16, "--replay", layers_only, "--dump", os.path.join(OUT, "layers_only_replay")])
+check(rc == 0 and "the final norm and the LM head are not replayed" in err
+      and not os.path.exists(os.path.join(OUT, "layers_only_replay", "logits.npy")),
+      "a dump without model.norm and logits: the final norm and LM head are not replayed, and the log says so", err[-300:])
+rc, text = compare("--local", layers_only, "--model", bf16, "--bf16")
+check(rc == 1 and f"FIRST LOCAL ERROR: layer {MID}, model.layers.{MID}.self_attn.o_proj\n" in text,
+      "... and the two-tier comparison still locates the o_proj bug", text[-400:])
 rc, text = compare("--local", reference, reference)
 check(rc == 2 and "not a replay" in text, "compare.py --local refuses a REPLAY that is not a replay", text[-300:])
 finish()

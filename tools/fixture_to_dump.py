@@ -303,8 +303,12 @@ class Converter:
         self.tap(f"{P}.input_layernorm", f"{P}.input_layernorm")
         self.tap(f"{A}.qkv_proj.q_proj", f"{A}.qkv_proj.q_proj")
         self.tap(f"{A}.qkv_proj.k_proj", f"{A}.qkv_proj.k_proj")
-        sq, q = self.tap(f"{A}.qkv_proj.query", f"{A}.qkv_proj:query")
-        sk, k = self.tap(f"{A}.qkv_proj.key", f"{A}.qkv_proj:key")
+        sq, q = self.tap(f"{A}.qkv_proj.query", f"{A}.qkv_proj:query") or ((), None)
+        sk, k = self.tap(f"{A}.qkv_proj.key", f"{A}.qkv_proj:key") or ((), None)
+        if len(sq) != 3 or len(sk) != 3:
+            raise InputError(f"{self.taps}/{A}.qkv_proj.query.npy and .key.npy: expected [T, heads, head_dim] each, found "
+                             f"{list(sq)} and {list(sk)}\n  hint: this folder's taps are not the fixture generator's "
+                             f"(shared/fixtures' README gives their shapes)")
         nq, d, nkv = sq[1], sq[2], sk[1]
         qr, kr = self.residuals(P, f"{A}.qkv_proj.q_proj", f"{A}.qkv_proj.k_proj", nq, nkv, d)
         # grouped conv output = query - query_residual (q channels) and key - key_residual (k channels)
