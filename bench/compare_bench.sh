@@ -4,7 +4,8 @@
 #   WORK        a folder outside the repository (checkpoint 1.9 GB, blob 1 GB, three dumps of ~0.7 GB at 512 ids)
 #   COMPARE=F   the compare.py to time (default compare.py; e.g. an older revision's copy beside it)
 #   PY=P        its interpreter (default: the first of python3, /usr/bin/python3 with numpy, as the Makefile)
-#   VIEWS=...   which views to time (default "plain envelope local-bf16")
+#   VIEWS=...   which views to time (default "plain envelope local-bf16"; local-bf16-layers: the port's dump
+#               without model.norm and logits, whose replays skip the LM head)
 # Prints one line per view: seconds, peak resident MB, exit status (1 is expected for the plain view:
 # a bf16 run is not an fp32 run). The ./zaya replays of --local --bf16 are inside its time.
 set -euo pipefail
@@ -37,5 +38,9 @@ for view in ${VIEWS:-plain envelope local-bf16}; do case $view in
     envelope) timed envelope "$P" "$F" --envelope "$E" ;;
     local-bf16) rm -rf "$WORK/replay_${N}"_*
         timed local-bf16 --local "$P" --model "$WORK/model_int8.bin" --bf16 --replay-out "$WORK/replay_$N" ;;
-    *) echo "unknown view $view (plain, envelope, local-bf16)" >&2; exit 2 ;;
+    local-bf16-layers) L="$WORK/d${N}_layers"; rm -rf "$L" "$WORK/replay_${N}"_*; mkdir "$L"   # a porter's layer dump:
+        cp -l "$P"/model.layers.* "$P"/model~input_scaled.npy "$L"/                         # no model.norm, no logits
+        "$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); d["tensors"] = [t for t in d["tensors"] if t["name"].startswith(("model.layers", "model:input"))]; json.dump(d, open(sys.argv[2], "w"))' "$P/index.json" "$L/index.json"
+        timed local-bf16-layers --local "$L" --model "$WORK/model_int8.bin" --bf16 --replay-out "$WORK/replay_$N" ;;
+    *) echo "unknown view $view (plain, envelope, local-bf16, local-bf16-layers)" >&2; exit 2 ;;
 esac; done
