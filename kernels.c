@@ -3,12 +3,13 @@
  * The model (zaya.c) calls matmul(), matmuls(), matmul_grouped(), attention() and a few helpers;
  * how they run is decided here. Every fast kernel has a plain-loop twin (matmul_ref,
  * matmul_grouped_ref, attention_ref) that test/test_kernels.c compares it with. The fast kernels compute each output with the same operations in the same order
- * whatever the thread count, the number of tokens per call or the SIMD width (AVX-512 or portable C),
+ * whatever the thread count, the number of tokens per call or the SIMD width (AVX-512, AVX2 or portable C),
  * so the model's results never depend on them.
  *
  *   1. memory and weight access (bf16, int8 groups in the blob's order, FP8 and MXFP4 dequantized)
  *   2. activations quantized to int16 for int8 weights
- *   3. dot products: AVX-512 / AVX512-VNNI bodies beside their portable C twins
+ *   3. dot products: AVX-512 / AVX512-VNNI and AVX2 + FMA bodies beside their portable C twins
+ *      (test/test_simd.py: the same bits from a -march=native build and a portable one)
  *   4. the thread pool
  *   5. matmul
  *   6. attention
@@ -29,8 +30,15 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+/* AVX2 + FMA without AVX-512: 256-bit twins of the float and int8 dot products (the same operations in the
+ * same order, so the same results) */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define AVX2_ONLY 1
+#else
+#define AVX2_ONLY 0
 #endif
 
 /* ---------------------------------------------------------------------------------------------
@@ -245,10 +253,12 @@ static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int grou
  * 3. Dot products
  * ------------------------------------------------------------------------------------------- */
 
-/* The fast dot products. Each is written twice: plain C that any compiler builds, and AVX-512 /
- * AVX512-VNNI intrinsics. The two compute exactly the same operations in the same order (16
- * float lanes with fused multiply-adds, or exact integer sums), so they give bit-identical
- * results; test/test_kernels.c checks that, and how far both are from matmul_ref. */
+/* The fast dot products. Each is written in plain C that any compiler builds, and as AVX-512 /
+ * AVX512-VNNI intrinsics; the float32, bf16 and int8 ones also as AVX2 + FMA intrinsics (for CPUs
+ * without AVX-512: 16 lanes as two 8-lane halves). All compute exactly the same operations in the
+ * same order (16 float lanes with fused multiply-adds, or exact integer sums), so they give
+ * bit-identical results; test/test_simd.py checks that on whole models, test/test_kernels.c how far
+ * each is from matmul_ref. */
 #define LANES 16
 
 static float sum_lanes(const float *acc) {   /* fixed pairwise order: results never depend on the machine */
@@ -258,7 +268,7 @@ static float sum_lanes(const float *acc) {   /* fixed pairwise order: results ne
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || AVX2_ONLY
 /* sum_lanes of lanes 0..7 given as s8 (lanes 8..15 already added), in registers: the same additions
  * in the same order as sum_lanes, without storing the accumulators and reloading them one by one */
 static inline float sum_lanes_s8(__m256 s8) {
@@ -266,6 +276,8 @@ static inline float sum_lanes_s8(__m256 s8) {
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));   /* s4[0] + s4[2], s4[1] + s4[3] */
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
+#endif
+#ifdef __AVX512F__
 static inline float sum_lanes_512(__m512 a) {
     const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
     return sum_lanes_s8(_mm256_add_ps(_mm512_castps512_ps256(a), hi));
@@ -368,16 +380,49 @@ dot_float_n(float *out, const int nt, const void *wv, const int kind, const Quan
     }
     for (int t = 0; t < nt; t++) _mm512_storeu_ps(acc[t], a[t]);
 #else
-    float acc2[DOT_TOKENS][LANES];
-    for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]), memset(acc2[t], 0, sizeof acc2[t]);
-    for (int k = 0; i + LANES <= n; i += LANES, k++) {
-        float (*chain)[LANES] = k % 2 ? acc2 : acc;   /* block k's chain */
+#if AVX2_ONLY
+    if (kind == ZAYA_F32 || kind == ZAYA_BF16) {   /* 16 lanes as two 8-float halves (lo, hi) per chain */
+#define W256(i) (kind == ZAYA_BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32( \
+                     _mm_loadu_si128((const __m128i *)((const uint16_t *)wv + (i)))), 16)) : _mm256_loadu_ps((const float *)wv + (i)))
+        __m256 alo[DOT_TOKENS], ahi[DOT_TOKENS], blo[DOT_TOKENS], bhi[DOT_TOKENS];
+        for (int t = 0; t < nt; t++) alo[t] = ahi[t] = blo[t] = bhi[t] = _mm256_setzero_ps();
+        for (; i + 2 * LANES <= n; i += 2 * LANES) {
+            const __m256 w0 = W256(i), w1 = W256(i + 8), w2 = W256(i + 16), w3 = W256(i + 24);
+            for (int t = 0; t < nt; t++) {
+                const float *xt = x + t * x_stride + i;
+                alo[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), alo[t]);
+                ahi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), ahi[t]);
+                blo[t] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xt + 16), blo[t]);
+                bhi[t] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xt + 24), bhi[t]);
+            }
+        }
+        if (i + LANES <= n) {             /* an odd last block: the first chain's */
+            const __m256 w0 = W256(i), w1 = W256(i + 8);
+            for (int t = 0; t < nt; t++) {
+                alo[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * x_stride + i), alo[t]);
+                ahi[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * x_stride + i + 8), ahi[t]);
+            }
+            i += LANES;
+        }
+#undef W256
+        for (int t = 0; t < nt; t++) {
+            _mm256_storeu_ps(acc[t], _mm256_add_ps(alo[t], blo[t]));
+            _mm256_storeu_ps(acc[t] + 8, _mm256_add_ps(ahi[t], bhi[t]));
+        }
+    } else
+#endif
+    {
+        float acc2[DOT_TOKENS][LANES];
+        for (int t = 0; t < nt; t++) memset(acc[t], 0, sizeof acc[t]), memset(acc2[t], 0, sizeof acc2[t]);
+        for (int k = 0; i + LANES <= n; i += LANES, k++) {
+            float (*chain)[LANES] = k % 2 ? acc2 : acc;   /* block k's chain */
+            for (int t = 0; t < nt; t++)
+                for (int l = 0; l < LANES; l++)
+                    chain[t][l] = fmaf(weight_value(kind, wv, qr, i + l), x[t * x_stride + i + l], chain[t][l]);
+        }
         for (int t = 0; t < nt; t++)
-            for (int l = 0; l < LANES; l++)
-                chain[t][l] = fmaf(weight_value(kind, wv, qr, i + l), x[t * x_stride + i + l], chain[t][l]);
+            for (int l = 0; l < LANES; l++) acc[t][l] += acc2[t][l];
     }
-    for (int t = 0; t < nt; t++)
-        for (int l = 0; l < LANES; l++) acc[t][l] += acc2[t][l];
 #endif
     for (int t = 0; t < nt; t++) {
         for (int j = i, l = 0; j < n; j++, l++) acc[t][l] = fmaf(weight_value(kind, wv, qr, j), x[t * x_stride + j], acc[t][l]);
@@ -476,6 +521,39 @@ dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, 
             }
             __m256 wscale = _mm256_loadu_ps(ws + (size_t)b * 8);
             for (int t = 0; t < nt; t++) a[t] = q8_block_acc(a[t], isum0[t], isum1[t], wscale, xs + t * xs_stride + (size_t)b * 8);
+        }
+    if (b == nb && nb * 8 == n / group) {   /* no tail: the lane sums in registers (lanes 8..15 are 0) */
+        for (int t = 0; t < nt; t++) out[t] = sum_lanes_s8(_mm256_add_ps(a[t], _mm256_setzero_ps()));
+        return;
+    }
+    for (int t = 0; t < nt; t++) _mm256_storeu_ps(acc[t], a[t]);
+#elif AVX2_ONLY
+    __m256 a[DOT_TOKENS];
+    for (int t = 0; t < nt; t++) a[t] = _mm256_setzero_ps();
+    if (group % 8 == 0)   /* 64 values per iteration: four 16-value steps; _mm256_madd_epi16 adds the pair of
+                           * each group (lane k of every step is group k), exact integer sums as the loop below */
+        for (; b < nb; b++) {
+            __m256i isum[DOT_TOKENS];
+            for (int t = 0; t < nt; t++) isum[t] = _mm256_setzero_si256();
+            const int8_t *wb = w + (size_t)b * block / 64 * pitch;
+            for (int s = 0; s < block; s += 64) {
+                const int8_t *c = wb + s / 64 * pitch;
+                const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)c));
+                const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + 16)));
+                const __m256i w2 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + 32)));
+                const __m256i w3 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + 48)));
+                for (int t = 0; t < nt; t++) {
+                    const __m256i *xb = (const __m256i *)(xq + t * xq_stride + (size_t)b * block + s);
+                    const __m256i p01 = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xb)),
+                                                         _mm256_madd_epi16(w1, _mm256_loadu_si256(xb + 1)));
+                    const __m256i p23 = _mm256_add_epi32(_mm256_madd_epi16(w2, _mm256_loadu_si256(xb + 2)),
+                                                         _mm256_madd_epi16(w3, _mm256_loadu_si256(xb + 3)));
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(p01, p23));
+                }
+            }
+            const __m256 wscale = _mm256_loadu_ps(ws + (size_t)b * 8);
+            for (int t = 0; t < nt; t++)
+                a[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(wscale, _mm256_loadu_ps(xs + t * xs_stride + (size_t)b * 8)), a[t]);
         }
     if (b == nb && nb * 8 == n / group) {   /* no tail: the lane sums in registers (lanes 8..15 are 0) */
         for (int t = 0; t < nt; t++) out[t] = sum_lanes_s8(_mm256_add_ps(a[t], _mm256_setzero_ps()));

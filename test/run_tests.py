@@ -22,6 +22,7 @@ TESTS = [
     ("sample", ["build/test_sample", "test/test_sample.c"]),
     ("engine", [sys.executable, "test/test_engine.py"]),
     ("int8", [sys.executable, "test/test_int8.py"]),
+    ("simd", [sys.executable, "test/test_simd.py"]),
     ("quantized", [sys.executable, "test/test_quantized.py"]),
     ("gguf", [sys.executable, "test/test_gguf.py"]),
     ("cli", [sys.executable, "test/test_cli.py"]),
