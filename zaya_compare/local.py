@@ -260,16 +260,51 @@ TIER2_FLOOR = 1e-6      # rel L2 below this is float32 noise of a replay
 
 
 def bf16_ulps(port, ref):
-    """|port - ref| in bf16 ulps of ref, per element of rows [T, n]; a value far below its row's rms (under\n    rms/256) counts at that level, so that a sum that cancels to near zero does not count its ulps."""
-    ref = ref.astype(np.float64)
-    rms = np.sqrt(np.mean(ref * ref, axis=1, keepdims=True))
+    """|port - ref| in bf16 ulps of ref, per element of rows [T, n]; a value far below its row's rms
+    (under rms/256) counts at that level, so that a sum that cancels to near zero does not count its ulps."""
+    ref = np.asarray(ref, dtype=np.float64)
+    rms = np.sqrt(np.mean(np.square(ref), axis=1, keepdims=True))
     mag = np.maximum(np.abs(ref), np.maximum(rms / 256, 1e-30))
-    return np.abs(port.astype(np.float64) - ref) / np.exp2(np.floor(np.log2(mag)) - 7)
+    _, e = np.frexp(mag)                                  # mag = m * 2^e, m in [0.5, 1): a bf16 ulp is 2^(e - 8)
+    return np.abs(port - ref) / np.ldexp(1.0, e - 8)
 
 
-def rel_l2(a, b):
-    d = float(np.linalg.norm((a.astype(np.float64) - b).ravel()))
-    return d / max(float(np.linalg.norm(b.astype(np.float64).ravel())), TIER2_FLOOR * np.sqrt(max(b.size, 1)))
+def tap_sums(port, reps, rows, keep_ulps=False, block=1 << 22):
+    """One tap's numbers over `rows` of port [T, n] and of each replay (label -> [T, n]), read a block of
+    rows at a time (a 512-position logits tap is half a GB per dump): per official variant the elements
+    more than TIER1_ULPS bf16 ulps off (beyond), off at all (off, > 0.5 ulp) and the largest ulps; the
+    rel L2 of each placement against the fp32 replay (env), of the port against it (error) and against
+    each placement (dist); the ulps themselves per variant when keep_ulps (the step check's small taps)."""
+    sq = lambda a, b: float(np.square(a - b).sum())   # noqa: E731
+    beyond, off, top = dict.fromkeys(OFFICIAL, 0), dict.fromkeys(OFFICIAL, 0), dict.fromkeys(OFFICIAL, 0.0)
+    kept = {lb: [] for lb in OFFICIAL}
+    d_env, d_dist, n_rep = dict.fromkeys(PLACEMENTS, 0.0), dict.fromkeys(PLACEMENTS, 0.0), dict.fromkeys(PLACEMENTS, 0.0)
+    d_err = n_fp32 = 0.0
+    step = max(1, block // max(port.shape[1], 1))
+    for lo in range(0, len(rows), step):
+        at = rows[lo:lo + step]
+        pr, rep = port[at].astype(np.float64), {lb: r[at].astype(np.float64) for lb, r in reps.items()}
+        for lb in OFFICIAL:
+            u = bf16_ulps(pr, rep[lb])
+            beyond[lb] += int((u > TIER1_ULPS).sum())
+            off[lb] += int((u > 0.5).sum())
+            top[lb] = max(top[lb], float(u.max()) if u.size else 0.0)
+            if keep_ulps:
+                kept[lb].append(u)
+        fp32 = rep["fp32"]
+        d_err += sq(pr, fp32)
+        n_fp32 += float(np.square(fp32).sum())
+        for lb in PLACEMENTS:
+            d_env[lb] += sq(rep[lb], fp32)
+            d_dist[lb] += sq(pr, rep[lb])
+            n_rep[lb] += float(np.square(rep[lb]).sum())
+    size = len(rows) * port.shape[1]
+    floor = TIER2_FLOOR * np.sqrt(max(size, 1))
+    rel = lambda d, n: float(np.sqrt(d)) / max(float(np.sqrt(n)), floor)   # noqa: E731
+    return {"beyond": beyond, "off": off, "max_ulps": top, "size": size,
+            "ulps": {lb: np.concatenate(kept[lb]) for lb in OFFICIAL} if keep_ulps and rows else None,
+            "env": {lb: rel(d_env[lb], n_fp32) for lb in PLACEMENTS}, "error": rel(d_err, n_fp32),
+            "dist": {lb: rel(d_dist[lb], n_rep[lb]) for lb in PLACEMENTS}}
 
 
 def tier_replays(args):
@@ -365,25 +400,23 @@ def judge_tiers(args, port, reps):
         rows = [t for t in range(shape[0]) if not (after_route and t in near.get(layer, ()))]
         if not rows:
             continue
-        pr = p.reshape(shape[0], -1)[rows]
-        rep = {lb: r.load(name)[1].reshape(shape[0], -1)[rows] for lb, r in reps.items()}
-        ulps = {lb: bf16_ulps(pr, rep[lb]) for lb in OFFICIAL}
-        variant = min(ulps, key=lambda lb: int((ulps[lb] > TIER1_ULPS).sum()))
-        steps = {lb: step_check(port, reps[lb], name, rows, ulps[lb], n_layers) for lb in OFFICIAL}
+        m = tap_sums(p.reshape(shape[0], -1), {lb: r.load(name)[1].reshape(shape[0], -1) for lb, r in reps.items()},
+                     rows, keep_ulps=name.split(".", 3)[-1] in ELEMENTWISE)
+        variant = min(OFFICIAL, key=lambda lb: m["beyond"][lb])
+        steps = {lb: step_check(port, reps[lb], name, rows, m["ulps"][lb], n_layers) if m["ulps"] else None
+                 for lb in OFFICIAL}
         step = max(steps.values(), key=lambda c: (c[0], -c[2])) if all(steps.values()) else None   # the variant it is fed like
-        beyond, size = int((ulps[variant] > TIER1_ULPS).sum()), int(pr.size)
-        env_by = {lb: rel_l2(rep[lb], rep["fp32"]) for lb in PLACEMENTS}
-        envelope = max(max(env_by.values()), TIER2_FLOOR)
-        error = rel_l2(pr, rep["fp32"])
-        dist = {lb: rel_l2(pr, rep[lb]) for lb in PLACEMENTS}
+        beyond, size = m["beyond"][variant], m["size"]
+        envelope = max(max(m["env"].values()), TIER2_FLOOR)
+        error, dist = m["error"], m["dist"]
         for lb in PLACEMENTS:
             closeness[lb] += dist[lb] / envelope
-        t = {"name": name, "layer": layer, "beyond": beyond, "size": size, "max_ulps": float(ulps[variant].max()),
+        t = {"name": name, "layer": layer, "beyond": beyond, "size": size, "max_ulps": m["max_ulps"][variant],
              "variant": variant, "envelope": envelope, "error": error, "ratio": error / envelope,
              "closest": min(dist, key=dist.get), "step": step}
         taps.append(t)
         if like_official is None:   # the port's first tap: does it round where the official code does (at most
-            like_official = int((ulps[variant] > 0.5).sum()) <= TIER1_FRACTION * size   # 1% of it off by an ulp)?
+            like_official = m["off"][variant] <= TIER1_FRACTION * size   # 1% of it off by an ulp)?
         if beyond > TIER1_FRACTION * size and first1 is None:
             first1 = (name, f"{beyond} of {size} elements more than {TIER1_ULPS} bf16 ulps from zaya.c's {variant} "
                             f"replay (largest {t['max_ulps']:.3g} ulps; at most {TIER1_FRACTION:.0%} computes like it)")
