@@ -19,9 +19,9 @@ typedef struct {
  * malloc'ed (free it). Returns 0, or -1 with a message in err. */
 int zaya_replay_open(const ZayaModel *m, const char *dir, ReplayInfo *info, char *err, size_t errlen);
 
-/* Replays every layer of the model, then the final norm and the LM head (only when the dump has model.norm or
- * logits: with taps on, the LM head runs at every position, most of a full-width replay's time), each from the port's dump in
- * dir (its model.layers.{i}.post_mlp_residual_scale, and mlp.gate:router_state where present), all
+/* Replays every layer of the model, then the final norm and the LM head (only when the dump has model.norm
+ * or logits: with taps on, the LM head runs at every position, most of a full-width replay's time), each
+ * from the port's dump in dir (its model.layers.{i}.post_mlp_residual_scale, and mlp.gate:router_state where present), all
  * positions, reporting every tap to s->tap. Notes what it took from where on log (may be NULL).
  * Returns 0, or -1 with a message in err (a missing or malformed tensor of the dump, too many
  * positions for the context). */

@@ -25,7 +25,7 @@ import shutil
 import struct
 import sys
 
-from harness import BUILD, ROOT, check, finish, mutant, need_fixtures, prompt_ids, read_npy, rel_l2 as rel, run
+from harness import BUILD, check, finish, mutant, need_fixtures, prompt_ids, read_npy, rel_l2 as rel, run
 
 FX = need_fixtures()
 with open(os.path.join(FX, "checkpoint_native", "config.json")) as f:

@@ -380,7 +380,7 @@ def envelope_report(e, verbose):
     n_rows = sum(len(x["row_ratios"]) for x in e.results)
     unjudged = (f" ({100.0 * n_skip / n_rows:.0f} % of rows not judged: after routing flips no envelope run shares; "
                 f"a --spread run with the port's flips judges them)" if n_skip and n_rows else "")
-    print(f"VERDICT: within the bf16 envelope" + (" (far below it: as close to FP32 as an fp32 run)" if far else "")
+    print("VERDICT: within the bf16 envelope" + (" (far below it: as close to FP32 as an fp32 run)" if far else "")
           + unjudged + f"; largest row ratio {w['max_ratio']:.3g}x at {w['name']}, position {w['max_ratio_pos']} "
           f"(limit {ENV_ROW_K:g}x)")
     return 0

@@ -254,7 +254,7 @@ TIER1_ULPS = 2          # an element agrees within this many bf16 ulps of the of
 TIER1_FRACTION = 0.01   # a tap computes like the official code when at most this fraction is further
 TIER1_WRONG = 0.5       # ... and is an error, in a port that rounds like the official code, above this fraction
 STEP_ULPS = 1           # an elementwise step fed bit-identical inputs: an element further than this is off,
-STEP_FRACTION = 0.001   # ... and the step departs when more than this fraction of its judged elements is
+STEP_FRACTION = 0.001   # ... and the step departs when more than this fraction of the elements judged is off
 TIER2_FACTOR = 2.0      # a tap is within when its local error <= this x the placements' envelope
 TIER2_FLOOR = 1e-6      # rel L2 below this is float32 noise of a replay
 
@@ -318,37 +318,27 @@ def tier_replays(args):
     return reps
 
 
-def step_inputs(name, n_layers):
-    """The full names of a tap's direct inputs (DEPS; "" = the layer's input, which the replay takes from
-    the port), the previous layer's EDA state for the EDA step; None for a tap without a DEPS entry."""
+def step_inputs(name):
+    """The full names of a layer tap's direct inputs (DEPS; "" = the layer's input, which the replay takes
+    from the port), and for the EDA step the previous layer's EDA state."""
     layer = layer_of(name)
-    if name == "model.norm":
-        return [""]
-    if name == "logits":
-        return ["model.norm"]
-    if layer is None:
-        return None
     p = f"model.layers.{layer}."
-    deps = DEPS.get(name[len(p):])
-    if deps is None:
-        return None
-    out = [d and p + d for d in deps]
+    out = [d and p + d for d in DEPS[name[len(p):]]]
     if name.endswith("mlp.gate:router_state") and layer > 0:
         out.append(f"model.layers.{layer - 1}.mlp.gate:router_state")
-    if name.endswith("mlp.experts"):
-        out.append(p + "mlp.gate.router_indices")
     return out
 
 
-def step_check(port, rep, name, rows, ulps, n_layers):
+def step_check(port, rep, name, rows, ulps):
     """An elementwise step fed the same inputs as the replay: (judged positions, elements judged, elements more
     than STEP_ULPS off) over the positions whose every input agrees with the replay bit for bit (for a step
-    that reads earlier positions, every earlier position too), or None when an input is not in the dump."""
+    that reads earlier positions, every earlier position too), or None when it is no elementwise step or an
+    input is not in the dump."""
     short = name.split(".", 3)[3] if name.startswith("model.layers.") else name
     if short not in ELEMENTWISE:
         return None
-    deps = step_inputs(name, n_layers)
-    if deps is None or any(d and not (port.has(d) and rep.has(d)) for d in deps):
+    deps = step_inputs(name)
+    if any(d and not (port.has(d) and rep.has(d)) for d in deps):
         return None
     T = len(rows)
     clean = np.ones(T, dtype=bool)
@@ -372,7 +362,6 @@ def judge_tiers(args, port, reps):
     state = {f"model.layers.{i}.{s}" for i in range(n_layers) for s in LAYER_STATE}
     names = [n for n in order if n not in state and port.has(n) and all(r.has(n) for r in reps.values())
              and (layer_of(n) is not None or n in ("model.norm", "logits")) and not n.endswith(":router_margin")]
-    T = len(port.tokens or [])
     taps, first1, wrong, first2, like_official = [], None, None, None, None
     closeness = dict.fromkeys(PLACEMENTS, 0.0)
     near = {}
@@ -403,7 +392,7 @@ def judge_tiers(args, port, reps):
         m = tap_sums(p.reshape(shape[0], -1), {lb: r.load(name)[1].reshape(shape[0], -1) for lb, r in reps.items()},
                      rows, keep_ulps=name.split(".", 3)[-1] in ELEMENTWISE)
         variant = min(OFFICIAL, key=lambda lb: m["beyond"][lb])
-        steps = {lb: step_check(port, reps[lb], name, rows, m["ulps"][lb], n_layers) if m["ulps"] else None
+        steps = {lb: step_check(port, reps[lb], name, rows, m["ulps"][lb]) if m["ulps"] else None
                  for lb in OFFICIAL}
         step = max(steps.values(), key=lambda c: (c[0], -c[2])) if all(steps.values()) else None   # the variant it is fed like
         beyond, size = m["beyond"][variant], m["size"]

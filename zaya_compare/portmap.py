@@ -242,7 +242,7 @@ def infer_dims(jobs, T, given):
     dims.setdefault("T", T)
     eqs = []
     for job in jobs:
-        e, arr = job["entry"], job["array"]
+        e = job["entry"]
         src = job["src"]
         for g, n in zip(src, job["shape"]):
             if len(g) == 1 and g[0] in (e.get("slice") or {}):
@@ -602,7 +602,7 @@ def main(argv=None):
             given[k] = int(v)
         _, _, missing, unread = convert(a.map, a.raw, a.out, a.layers, given)
         if missing:
-            print(f"portmap: not in the capture: " + ", ".join(p for p, _ in missing[:8]) + (" ..." if len(missing) > 8 else ""))
+            print("portmap: not in the capture: " + ", ".join(p for p, _ in missing[:8]) + (" ..." if len(missing) > 8 else ""))
         if a.verbose and unread:
             print("portmap: in the capture, not read by the map: " + ", ".join(unread))
         return 0

@@ -17,8 +17,6 @@ PREFIX_weights, PREFIX_quant_local and PREFIX_replay_fp32 (PREFIX: --replay-out,
 import os
 import subprocess
 
-import numpy as np
-
 from . import local
 from .dumps import Dump, InputError, guarded
 from .metrics import fmt, logits_rows_stats
