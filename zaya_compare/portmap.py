@@ -467,6 +467,15 @@ def dump_files(d):
         raise MapError(f"cannot read the dump {d}: {e}")
 
 
+def paired(port_file, ref_file):
+    """(port, reference, rel L2 of port against reference) of two .npy files as float64; rel is None when
+    their shapes differ."""
+    a, b = np.load(port_file).astype(np.float64), np.load(ref_file).astype(np.float64)
+    if a.shape != b.shape:
+        return a, b, None
+    return a, b, float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
 def approximate_report(port_dir, replay_dir, log=print):
     """The approximate taps of a converted dump beside zaya.c's replay: shown, not judged."""
     port, rep = dump_files(port_dir), dump_files(replay_dir)
@@ -477,12 +486,8 @@ def approximate_report(port_dir, replay_dir, log=print):
         if name not in rep:
             log(f"{name:62s} {'(not in the replay)':>16}")
             continue
-        a, b = np.load(port[name]).astype(np.float64), np.load(rep[name]).astype(np.float64)
-        if a.shape != b.shape:
-            log(f"{name:62s} shape {list(a.shape)} vs {list(b.shape)}")
-            continue
-        rel = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
-        log(f"{name:62s} {rel:16.3g}")
+        a, b, rel = paired(port[name], rep[name])
+        log(f"{name:62s} {rel:16.3g}" if rel is not None else f"{name:62s} shape {list(a.shape)} vs {list(b.shape)}")
 
 
 def step_summary(report_path, jump=3.0, log=print):
@@ -542,11 +547,10 @@ def globals_report(port_dir, ref_dir, log=print):
     for name, judged in (("model.embed_tokens", True), ("model:input_scaled", True), ("model.norm", False), ("logits", False)):
         if name not in port or name not in ref:
             continue
-        a, b = np.load(port[name]).astype(np.float64), np.load(ref[name]).astype(np.float64)
-        if a.shape != b.shape:
+        a, b, rel = paired(port[name], ref[name])
+        if rel is None:
             log(f"  {name:22s} shape {list(a.shape)} vs zaya.c's {list(b.shape)}")
             continue
-        rel = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
         rows = np.linalg.norm(a - b, axis=-1) / np.maximum(np.linalg.norm(b, axis=-1), 1e-30)
         if judged:
             ok = rows.max() <= 1e-5
