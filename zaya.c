@@ -524,7 +524,7 @@ static void decoder_layer(Batch *b, const ZayaModel *m, ZayaState *s, int i) {
     const int H = c->hidden_size;
     const float eps = c->rms_norm_eps;
     b->layer = i;
-    residual_norm(b, "input_layernorm", a->h, a->r, L->input_layernorm, H, eps);        /* §3.2  [n, H] */
+    residual_norm(b, "input_layernorm", a->h, a->r, L->input_layernorm, H, eps); /* §3.2  [n, H] */
     cca_projections(b, L, a->h, a->u);                                          /* §3.3  -> u [n, C] */
     cca_convolutions(b, L, ls->conv_state, a->u, a->z);                         /* §3.4  -> z [n, C] */
     residual_mix(b, a->u, a->q_res, a->k_res);                                  /* §3.5  -> [n, nq|nkv, d] */
@@ -536,7 +536,8 @@ static void decoder_layer(Batch *b, const ZayaModel *m, ZayaState *s, int i) {
     linear(b, "self_attn.o_proj", a->branch, &L->o_proj, L->o_proj_bias, a->attn_out);  /* §3.11 -> [n, H] */
     residual_scaling(b, "post_attention_residual_scale", a->r, a->branch,
                      &L->post_attention_residual_scale);                        /* §3.12 */
-    residual_norm(b, "post_attention_layernorm", a->h, a->r, L->post_attention_layernorm, H, eps);      /* §3.13 */
+    residual_norm(b, "post_attention_layernorm", a->h, a->r, L->post_attention_layernorm, H,
+                  eps);                                                         /* §3.13 */
     router(b, L, a->h, a->router_state, a->expert, a->expert_weight);           /* §3.14 -> class, weight [n] */
     experts(b, L, s->skip_expert, a->h, a->expert, a->expert_weight, a->branch);  /* §3.15 -> [n, H] */
     residual_scaling(b, "post_mlp_residual_scale", a->r, a->branch, &L->post_mlp_residual_scale);     /* §3.16 */
@@ -546,7 +547,8 @@ static void decoder_layer(Batch *b, const ZayaModel *m, ZayaState *s, int i) {
 static void lm_output(Batch *b, const ZayaModel *m, ZayaState *s) {
     const ZayaConfig *c = &m->config;
     b->layer = -1;
-    residual_norm(b, "model.norm", s->act->h, s->act->r, m->norm, c->hidden_size, c->rms_norm_eps);   /* §3.17 */
+    residual_norm(b, "model.norm", s->act->h, s->act->r, m->norm, c->hidden_size,
+                  c->rms_norm_eps);                                             /* §3.17 */
     lm_head(b, m, s->act->h, s->logits);                                        /* §3.18 -> [V] */
 }
 
