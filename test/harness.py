@@ -9,7 +9,8 @@ sys.path.insert(0, ROOT)
 from compare import read_npy  # noqa: E402,F401  (shape, flat array.array) of a .npy file, C order
 # the compact fixture in the repository (test/fixtures/README.md): checkpoints, official goldens, tokenizer
 FIXTURES = os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "test", "fixtures"))
-BUILD = os.path.join(ROOT, "build", "test")
+# this test's own build folder (run_tests.py gives each test one, so that tests can run at once)
+BUILD = os.environ.get("ZAYA_TEST_BUILD") or os.path.join(ROOT, "build", "test")
 failures = 0
 
 
