@@ -36,6 +36,7 @@ TESTS = [
     ("precision", [sys.executable, "test/test_precision.py"]),
     ("port_weights", [sys.executable, "test/test_port_weights.py"]),
     ("quant", [sys.executable, "test/test_quant.py"]),
+    ("diagnose", [sys.executable, "test/test_diagnose.py"]),
     ("quant_sensitivity", [sys.executable, "test/test_quant_sensitivity.py"]),
     ("formats", [sys.executable, "test/test_formats.py"]),
     ("golden_hf", [sys.executable, "test/test_golden_hf.py"]),

@@ -108,9 +108,11 @@ for qtype in ("q8_0", "q4_0"):
     for d in os.listdir(OUT):         # the replays hold the logits; keep the disk use of one type at a time
         if os.path.isdir(os.path.join(OUT, d)) and qtype in d:
             shutil.rmtree(os.path.join(OUT, d))
-    check(rc == 1 and "EVERY LAYER DIFFERS LOCALLY" in text and "--weights PORT.safetensors" in text
+    check(rc == 1 and "YOUR WEIGHTS DIFFER" in text and "--weights PORT.safetensors" in text
+          and "layer 0: every product that reads a weight departs where its inputs agree" in text
           and "FIRST LOCAL ERROR" not in text,
-          f"{qtype}: --local with the checkpoint's blob blames no layer and says to pass the port's weights", text[-600:])
+          f"{qtype}: --local with the checkpoint's blob blames no layer: the weights differ (q_proj, k_proj, v_proj_* "
+          "depart where input_layernorm agrees); pass the port's weights", text[-900:])
 
 # 3. bad input
 rc, text = compare("--quant", port, "--model", weights)
