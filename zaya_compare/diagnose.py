@@ -13,7 +13,8 @@ checkpoint's. So per layer (docs/compare.md §9):
               agreeing or departing.
 
 The weights differ when, in most layers and in the first layer that departs, two or more products fed
-clean depart and none agrees. Otherwise the first local error is named, with the evidence that the
+clean depart and none agrees (unless the replay's weights are the port's own GGUF's: then its products
+compute otherwise, e.g. ggml's F16 / Q8_0 activations). Otherwise the first local error is named, with the evidence that the
 weights are the checkpoint's (which products fed clean agree, and how closely) and in how many layers
 the same step departs. diagnose() returns that decision; local.report() and quant.py print it. The
 decision uses the rows of local.judge_layers() only (no new metric, no new tolerance).
@@ -33,6 +34,10 @@ PRODUCTS = ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj", "self_attn
 MIN_WEIGHT_DEPARTURES = 2
 # A port whose products hold bf16 numbers in at least this fraction of their values computes in bf16
 BF16_FRACTION = 0.9
+
+
+GGML_PRODUCTS = ("ggml rounds the activations of an F16 weight to F16 and quantizes those of a quantized weight (Q8_0: "
+                 "to Q8_0 blocks) (docs/compare.md §9)")
 
 
 def short(name):
@@ -81,9 +86,10 @@ class Layer:
 
 
 class Diagnosis:
-    """verdict: 'agree' (no tap past its tolerance), 'weights' (the weights differ), 'code' (a step's code
-    differs: `first` names it), 'bf16' (an fp32 judgement of a port that computes in bf16) or 'unknown'
-    (the dump lacks the taps that tell)."""
+    """verdict: 'agree' (no tap past its tolerance), 'weights' (the weights differ), 'products' (every product
+    departs on the port's own weights: its products compute otherwise, e.g. ggml's rounded activations), 'code'
+    (a step's code differs: `first` names it), 'bf16' (an fp32 judgement of a port that computes in bf16) or
+    'unknown' (the dump lacks the taps that tell)."""
 
     def __init__(self, verdict, layers, first, bf16=None):
         self.verdict, self.layers, self.first, self.bf16 = verdict, layers, first, bf16
@@ -96,7 +102,7 @@ class Diagnosis:
         """The layers whose first departure (fed clean) is `step`."""
         return [L.layer for L in self.layers if L.departures and L.departures[0] == step]
 
-    def weight_lines(self):
+    def weight_lines(self, whose="the checkpoint's"):
         """Where the products depart in the first departing layer (the weights case)."""
         L = next(L for L in self.layers if L.weights_differ())
         ins = sorted({d for s in L.product_departures for d, _ in L.inputs_of(s)})
@@ -109,7 +115,7 @@ class Diagnosis:
                    "; their input is the layer's input, the port's own"),
                 f"the same in {len(alike)} of {len(self.layers)} layers"
                 + (f" ({', '.join(map(str, alike))})" if len(alike) < len(self.layers) else "")
-                + ": products that compute right on the checkpoint's weights would agree to float32 rounding"]
+                + f": products that compute right on {whose} weights would agree to float32 rounding"]
 
     def code_lines(self):
         """The evidence that the weights are the checkpoint's, and where else the step departs (the code case)."""
@@ -152,9 +158,10 @@ def bf16_fraction(port, names):
     return None
 
 
-def diagnose(rows, first, port=None, names=(), bf16_judged=False):
+def diagnose(rows, first, port=None, names=(), bf16_judged=False, gguf=None):
     """The decision from local.judge_layers()'s rows and first; port and names (the compared taps) let it see a
-    port computing in bf16 judged by fp32 tolerances (bf16_judged: an envelope was given)."""
+    port computing in bf16 judged by fp32 tolerances (bf16_judged: an envelope was given); gguf: the GGUF the
+    replay's blob was exported from (its provenance), whose weights are then the port's own: 'products'."""
     layers = [Layer(r[0], r[6]) for r in rows]
     if first is None:
         return Diagnosis("agree", layers, None)
@@ -166,7 +173,8 @@ def diagnose(rows, first, port=None, names=(), bf16_judged=False):
     weights = [L for L in departing if L.weights_differ()]
     first_layer = next((L for L in layers if L.layer == first[0]), None)
     if weights and first_layer in weights and 2 * len(weights) > len(departing):
-        return Diagnosis("weights", layers, first)
+        # with the GGUF's own weights (the replay's blob exported from it) the products themselves compute otherwise
+        return Diagnosis("products" if gguf else "weights", layers, first)
     if first_layer is None or not (first_layer.product_agreements or first_layer.product_departures):
         return Diagnosis("unknown", layers, first)      # no product fed clean in the dump: no evidence either way
     return Diagnosis("code", layers, first)

@@ -20,7 +20,7 @@ import subprocess
 
 import numpy as np
 
-from .diagnose import diagnose
+from .diagnose import GGML_PRODUCTS, diagnose
 from .dumps import Dump, InputError, guarded, need_router_indices
 from .metrics import fmt, fsum, row_metrics
 from .names import ATOL, CAUSAL, DEPS, ELEMENTWISE, LAYER_OUTPUT, LAYER_STATE, execution_order, kind_of, layer_of
@@ -215,7 +215,9 @@ def report(args, port, replay, env, ref, rows, first, names):
         for layer, _, _, _, _, _, layer_rows in rows:
             for name, e, ee, gate, bad in layer_rows:
                 print(f"  {name:60s} local {fmt(e):>9}  env {fmt(ee):>9}  tol {fmt(gate):>9}  {'OUT' if bad else 'ok'}")
-    d = diagnose(rows, first, port, names, bf16_judged=env is not None)
+    src = ((replay.index.get("model") or {}).get("provenance") or {}).get("source") or ""
+    d = diagnose(rows, first, port, names, bf16_judged=env is not None,
+                 gguf=src if src.lower().endswith(".gguf") else None)
     if d.verdict == "bf16":
         layer, name, e, gate, ee = first
         print(f"\nTHE PORT COMPUTES IN BF16 ({d.bf16:.0%} of its first product's values are bf16 numbers), judged by "
@@ -233,6 +235,13 @@ def report(args, port, replay, env, ref, rows, first, names):
               "\n  (docs/compare.md §10). A port that rounds every product's input (ggml's F16/Q8 activations) looks"
               "\n  the same here; on its own weights it departs at the first product.")
         print("RESULT: LOCAL ERROR IN EVERY LAYER (the weights)")
+        return 1
+    if d.verdict == "products":
+        layer, name, e, gate, ee = first
+        print(f"\nFIRST LOCAL ERROR: layer {layer}, {name}\n  local error {fmt(e)} > tolerance {fmt(gate)}\n  "
+              + "\n  ".join(d.weight_lines("the GGUF's")) + f"\n  although the replay's weights are the GGUF's own ({src}, "
+              f"as ggml dequantizes them): the port computes its products otherwise;\n  {GGML_PRODUCTS}")
+        print("RESULT: LOCAL ERROR")
         return 1
     uniform = every_layer_differs(rows) if d.verdict == "unknown" else None
     if first and uniform:

@@ -19,7 +19,7 @@ import os
 import subprocess
 
 from . import local
-from .diagnose import diagnose
+from .diagnose import GGML_PRODUCTS, diagnose
 from .dumps import Dump, InputError, guarded
 from .metrics import fmt, logits_rows_stats
 from .names import LAYER_OUTPUT
@@ -105,7 +105,9 @@ def quant_main(args):
     if lw and lp:
         print(f"logits vs exact: weights alone top-1 {lw[0]}/{lw[1]}, KL {lw[2]:.3g}; port top-1 {lp[0]}/{lp[1]}, "
               f"KL {lp[2]:.3g}")
-    d = diagnose(rows, first, port, names, bf16_judged=env is not None)
+    src = ((replay.index.get("model") or {}).get("provenance") or {}).get("source") or ""
+    d = diagnose(rows, first, port, names, bf16_judged=env is not None,
+                 gguf=src if src.lower().endswith(".gguf") else None)
     if d.verdict == "weights":
         print(f"\nVERDICT: the port's weights are not those of {args.model}:\n  " + "\n  ".join(d.weight_lines())
               + f"\n  hint: --model must hold exactly the weights the port computes with (export_weights.py MODEL.gguf "
@@ -113,7 +115,8 @@ def quant_main(args):
         return 1
     if first:
         layer, name, e, gate, ee = first
-        evidence = "".join(f"\n  {ln}" for ln in d.code_lines())
+        evidence = "".join(f"\n  {ln}" for ln in (d.code_lines() if d.verdict != "products" else
+                                                   d.weight_lines("the GGUF's") + [GGML_PRODUCTS]))
         print(f"\nVERDICT: layer {layer}, {name} adds error the weights do not explain{evidence}\n"
               f"  on its own weights the port's local error there is {fmt(e)} (tolerance {fmt(gate)}"
               + (f", 3 x the bf16 envelope {fmt(ee)}" if ee is not None else "") + "); quantization alone adds "
