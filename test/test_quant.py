@@ -10,7 +10,8 @@ dequantized, written as PORT.safetensors and exported with export_weights.py --w
    model as its weights allow;
 2. a port with one bug (a copy of zaya.c whose layer-3 experts scale SiLU(gate) x up by 1.03): --quant and
    --local --model PORTWEIGHTS.bin name layer 3, mlp.experts; --local with the checkpoint's blob does not
-   blame a layer (every layer differs locally by about the same) and says to pass the port's weights.
+   blame a layer (q_proj, k_proj, v_proj_* depart where their input agrees: the weights differ) and says to
+   pass the port's weights.
 3. --quant without --exact, and with --exact the same file as --model: exit 2 with a hint.
 """
 import json
