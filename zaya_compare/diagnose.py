@@ -91,8 +91,8 @@ class Diagnosis:
     (a step's code differs: `first` names it), 'bf16' (an fp32 judgement of a port that computes in bf16) or
     'unknown' (the dump lacks the taps that tell)."""
 
-    def __init__(self, verdict, layers, first, bf16=None):
-        self.verdict, self.layers, self.first, self.bf16 = verdict, layers, first, bf16
+    def __init__(self, verdict, layers, first, bf16=None, gguf="the replay's"):
+        self.verdict, self.layers, self.first, self.bf16, self.gguf = verdict, layers, first, bf16, gguf
 
     @property
     def departing(self):
@@ -134,12 +134,12 @@ class Diagnosis:
         if before:
             top = max(L.rows[p][0] for p in before)
             out.append(f"the products before it that read weights agree to float32 rounding "
-                       f"({', '.join(p.split('.')[-1] for p in before)}: at most {fmt(top)}): the weights are the "
-                       f"checkpoint's; the port's code differs")
+                       f"({', '.join(p.split('.')[-1] for p in before)}: at most {fmt(top)}): the weights are "
+                       f"{self.gguf}; the port's code differs")
         elif L.product_agreements:
             out.append(f"products fed the same inputs agree ({', '.join(p.split('.')[-1] for p in L.product_agreements)}:"
-                       f" at most {fmt(max(L.rows[p][0] for p in L.product_agreements))}): the weights are the "
-                       f"checkpoint's; the port's code differs")
+                       f" at most {fmt(max(L.rows[p][0] for p in L.product_agreements))}): the weights are "
+                       f"{self.gguf}; the port's code differs")
         same = self.same_step_layers(s)
         if len(same) > 1:
             out.append(f"the same step is where the error enters in {len(same)} of {len(self.layers)} layers "
@@ -163,6 +163,7 @@ def diagnose(rows, first, port=None, names=(), bf16_judged=False, gguf=None):
     port computing in bf16 judged by fp32 tolerances (bf16_judged: an envelope was given); gguf: the GGUF the
     replay's blob was exported from (its provenance), whose weights are then the port's own: 'products'."""
     layers = [Layer(r[0], r[6]) for r in rows]
+    whose = "the GGUF's" if gguf else "the checkpoint's"     # the weights the replay multiplies by
     if first is None:
         return Diagnosis("agree", layers, None)
     if port is not None and not bf16_judged:
@@ -177,4 +178,4 @@ def diagnose(rows, first, port=None, names=(), bf16_judged=False, gguf=None):
         return Diagnosis("products" if gguf else "weights", layers, first)
     if first_layer is None or not (first_layer.product_agreements or first_layer.product_departures):
         return Diagnosis("unknown", layers, first)      # no product fed clean in the dump: no evidence either way
-    return Diagnosis("code", layers, first)
+    return Diagnosis("code", layers, first, gguf=whose)
