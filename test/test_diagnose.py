@@ -12,11 +12,15 @@ layer (tools/golden_variant.py), judged against the checkpoint's own blob:
         --local must name that step in layer 0 and say the weights are the checkpoint's;
   bf16: the RoPE base and the residual bias, with --bf16 (the tiers): layer 0, that step; without --bf16 the
         verdict says the port computes in bf16, not that its weights differ;
+  llama-q8_0: llama.cpp's port on the converter's Q8_0 GGUF (bisect_llama.sh's mapped dump), judged on the
+        GGUF's own weights: every product departs, but the weights are the port's: layer 0, q_proj;
   q8_0: the official code unchanged on the checkpoint's attention and expert matrices as ggml's Q8_0
         (test/fake_quant.py): YOUR WEIGHTS DIFFER, and no layer is blamed; --quant with the checkpoint's blob
         as --model (not the port's weights) says the same in its verdict.
 """
+import hashlib
 import os
+import struct
 import sys
 import tempfile
 
@@ -79,4 +83,35 @@ rc, out, err = run([sys.executable, "compare.py", "--quant", os.path.join(EVERY,
 text = out + err
 check(rc == 1 and f"VERDICT: the port's weights are not those of {BLOB}" in text and "adds error" not in text,
       "--quant with other weights than the port's: the verdict says so, not a layer", text[-700:])
+
+# llama.cpp's port (7c5cc530) on the converter's Q8_0 GGUF of the fixture, judged on that GGUF's own weights (as
+# bisect_llama.sh does): every product departs where its inputs agree, but the replay's blob comes from the GGUF,
+# so the verdict is the first product (ggml's rounded activations), not "your weights differ"
+import gguf  # noqa: E402
+import export_weights as ew  # noqa: E402
+g = gguf.GGUFFile(need_fixtures("gguf", "compact-Q8_0.gguf"))
+k = "zaya_test.dropped.token_embd.weight."
+ne, typ = g.kv[k + "ne"], g.kv[k + "type"]
+st = ew.open_checkpoint(need_fixtures("checkpoint_legacy"))["model.embed_tokens.weight"]
+emb = ew.bf16_to_f32(st.read("model.embed_tokens.weight", 0, 2 * ne[0] * ne[1]))
+if typ == "F16":
+    emb = struct.pack(f"<{ne[0] * ne[1]}e", *struct.unpack(f"<{ne[0] * ne[1]}f", emb))
+check(hashlib.sha256(emb).hexdigest() == g.kv[k + "sha256"], "the Q8_0 GGUF's embedding put back byte for byte")
+GG = os.path.join(TMP, "compact-Q8_0.gguf")
+gguf.write_gguf(GG, [(key, g.kv_types[key], v) for key, v in g.kv.items() if not key.startswith("zaya_test.")],
+                [("token_embd.weight", typ, tuple(ne), emb)] + [(n, t.type, t.ne, bytes(g.raw(n))) for n, t in g.tensors.items()],
+                g.alignment)
+g.close()
+QB, QN = os.path.join(TMP, "q8.bin"), os.path.join(TMP, "q8-noskip.bin")
+rc, _, err = run([sys.executable, "export_weights.py", GG, QB, "--tokenizer", need_fixtures("tokenizer")])
+rc2, _, err2 = run([sys.executable, "tools/forbid_skip.py", QB, QN])
+check(rc == 0 and rc2 == 0, "export the Q8_0 GGUF's weights (and forbid the skip class, as the bisect does)",
+      (err + err2)[-300:])
+rc, out, err = run([sys.executable, "compare.py", "--local", os.path.join(EVERY, "llama-q8_0"), "--model", QN,
+                    "--replay-out", os.path.join(TMP, "llama_q8")])
+text = out + err
+check(rc == 1 and "FIRST LOCAL ERROR: layer 0, model.layers.0.self_attn.qkv_proj.q_proj\n" in text
+      and "the replay's weights are the GGUF's own (compact-Q8_0.gguf" in text and "WEIGHTS DIFFER" not in text,
+      "llama.cpp on its Q8_0 GGUF, replayed on that GGUF's weights: layer 0, q_proj (the products compute otherwise), "
+      "not other weights", verdict(text)[-900:])
 finish()
