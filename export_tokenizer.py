@@ -508,7 +508,10 @@ def gguf_tokenizer_json(kv, where):
         a, sep, b = m.partition(" ")
         if sep:
             produced.add(a + b)
-    last = max(i for i, t in enumerate(types) if t in (GGUF_NORMAL, GGUF_BYTE))
+    last = max((i for i, t in enumerate(types) if t in (GGUF_NORMAL, GGUF_BYTE)), default=-1)
+    if last < 0:
+        _fail("the GGUF's vocabulary has no normal token", f"{where}: tokenizer.ggml.token_type",
+              "types 1 (normal) and 6 (byte) for the BPE vocabulary", _short(sorted(set(types))))
     vocab, added = {}, []
     for i, (piece, t) in enumerate(zip(tokens, types)):
         if i <= last and piece not in vocab:
