@@ -1728,7 +1728,8 @@ def main(argv=None):
     ap.add_argument("--tokenizer", metavar="DIR", default=None,
                     help="GGUF input only: the folder with tokenizer.json and tokenizer_config.json (the checkpoint "
                          "the GGUF came from; its config.json, if there, is checked against the GGUF's metadata and "
-                         "gives the sliding windows the GGUF does not store)")
+                         "gives the sliding windows the GGUF does not store); without it the GGUF's own "
+                         "tokenizer.ggml.* arrays")
     args = ap.parse_args(argv)
     try:
         export(args.checkpoint, args.out, args.dtype, args.group_size,
