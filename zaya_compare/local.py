@@ -178,9 +178,9 @@ def judge_layers(args, port, replay, env, ref):
     return rows, first, names
 
 
-# every layer past tolerance at its output, the largest local error at most this many times the smallest:
-# the port's weights differ from the replay's (on the fixture Q8_0 and Q4_0 spread 2.2x and 2.3x; a bug
-# leaves the layers before it at 0)
+# every layer past tolerance at its output, the largest local error at most this many times the smallest, in a
+# dump without the product taps that tell weights from code (diagnose.py): no layer is blamed (on the fixture
+# Q8_0 and Q4_0 spread 2.2x and 2.3x; a bug leaves the layers before it at 0)
 UNIFORM_SPREAD = 10.0
 
 
