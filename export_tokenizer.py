@@ -469,13 +469,97 @@ def build_tokenizer_section(ckpt_dir: str, chat_format: str | None = None) -> by
                          f"  hint: {HINT_EXPORT}") from e
 
 
+# ----------------------------------------------------------------------------------------------------
+# a GGUF's own tokenizer (tokenizer.ggml.*, as llama.cpp's ZAYA port's converter writes it)
+
+# llama.cpp's token types (gguf-py TokenType)
+GGUF_NORMAL, GGUF_UNKNOWN, GGUF_CONTROL, GGUF_USER_DEFINED, GGUF_UNUSED, GGUF_BYTE = 1, 2, 3, 4, 5, 6
+ZAYA1_NORMALIZER = {"type": "Replace", "pattern": {"String": " "}, "content": LOWLINE}
+ZAYA1_PRE_TOKENIZER = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
+ZAYA1_DECODER = {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": LOWLINE}, "content": " "},
+                                                  {"type": "ByteFallback"}, {"type": "Fuse"}]}
+
+
+def gguf_tokenizer_json(kv, where):
+    """(tokenizer.json, tokenizer_config.json) dicts rebuilt from a GGUF's tokenizer.ggml.* metadata (kv: key ->
+    value). The GGUF keeps the vocabulary (tokens by id), the merges, token types, the special ids, add_bos/eos
+    and the chat template; what it does not keep is the ZAYA1 / Gemma 3 family's, known: the normalizer
+    (" " -> U+2581), the pre-tokenizer, the decoder, byte fallback with fuse_unk, and which tokens are added
+    tokens (matched in the raw text before BPE): the CONTROL and USER_DEFINED ones, every multi-character piece
+    no merge produces (other than <0xNN>), and the runs of newlines, tabs and of two or more U+2581.
+    The BPE vocabulary is every id up to the last NORMAL or BYTE one. Raises ValueError."""
+    model = kv.get("tokenizer.ggml.model")
+    if model != "gemma4":
+        _fail("not the ZAYA1 tokenizer", f"{where}: tokenizer.ggml.model",
+              "'gemma4' (llama.cpp's ZAYA converter: a BPE vocabulary with merges)", _short(model),
+              "give the checkpoint's tokenizer folder (bisect_llama.sh --config DIR, export_weights.py --tokenizer DIR)")
+    tokens, types, merges = (kv.get("tokenizer.ggml." + k) for k in ("tokens", "token_type", "merges"))
+    for name, v in (("tokens", tokens), ("token_type", types), ("merges", merges)):
+        if not isinstance(v, list) or not v:
+            _fail(f"the GGUF has no tokenizer.ggml.{name} array", where, "a non-empty array", _short(v),
+                  "give the checkpoint's tokenizer folder (bisect_llama.sh --config DIR, export_weights.py "
+                  "--tokenizer DIR)")
+    if len(types) != len(tokens) or not all(isinstance(t, str) for t in tokens) \
+            or not all(isinstance(t, int) for t in types) or not all(isinstance(m, str) for m in merges):
+        _fail("bad tokenizer.ggml arrays", where, "tokens (strings) and token_type (integers) of one length, merges "
+              "(strings)", f"{len(tokens)} tokens, {len(types)} types")
+    produced = set()
+    for m in merges:
+        a, sep, b = m.partition(" ")
+        if sep:
+            produced.add(a + b)
+    last = max((i for i, t in enumerate(types) if t in (GGUF_NORMAL, GGUF_BYTE)), default=-1)
+    if last < 0:
+        _fail("the GGUF's vocabulary has no normal token", f"{where}: tokenizer.ggml.token_type",
+              "types 1 (normal) and 6 (byte) for the BPE vocabulary", _short(sorted(set(types))))
+    vocab, added = {}, []
+    for i, (piece, t) in enumerate(zip(tokens, types)):
+        if i <= last and piece not in vocab:
+            vocab[piece] = i
+        run = piece and (set(piece) in ({"\n"}, {"\t"}) or (set(piece) == {LOWLINE} and len(piece) > 1))
+        lone = len(piece) > 1 and piece not in produced and not (t == GGUF_BYTE or _is_byte_text(piece.encode()) is not None)
+        if t in (GGUF_CONTROL, GGUF_USER_DEFINED) or run or (t == GGUF_NORMAL and lone):
+            added.append({"id": i, "content": piece, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": t == GGUF_CONTROL})
+
+    def name(key):
+        i = kv.get("tokenizer.ggml." + key)
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+    tj = {"model": {"type": "BPE", "dropout": None, "unk_token": name("unknown_token_id"), "fuse_unk": True,
+                    "byte_fallback": True, "ignore_merges": False, "vocab": vocab, "merges": list(merges)},
+          "normalizer": ZAYA1_NORMALIZER, "pre_tokenizer": ZAYA1_PRE_TOKENIZER, "decoder": ZAYA1_DECODER,
+          "added_tokens": added, "post_processor": None}
+    cfg = {"tokenizer_class": "GemmaTokenizer", "add_bos_token": bool(kv.get("tokenizer.ggml.add_bos_token", True)),
+           "add_eos_token": bool(kv.get("tokenizer.ggml.add_eos_token", False)), "bos_token": name("bos_token_id"),
+           "eos_token": name("eos_token_id"), "pad_token": name("padding_token_id"), "unk_token": name("unknown_token_id")}
+    if isinstance(kv.get("tokenizer.chat_template"), str):
+        cfg["chat_template"] = kv["tokenizer.chat_template"]
+    return tj, cfg
+
+
+def build_tokenizer_section_from_gguf(kv, where, chat_format=None):
+    """The tokenizer section from a GGUF's own tokenizer.ggml.* arrays (gguf_tokenizer_json); raises ValueError."""
+    try:
+        tj, cfg = gguf_tokenizer_json(kv, where)
+        return _build_from(tj, cfg, f"{where} (tokenizer.ggml.*)", f"{where} (tokenizer.ggml.*)", chat_format)
+    except ValueError:
+        raise
+    except (KeyError, TypeError, AttributeError, IndexError, RecursionError, OverflowError, struct.error) as e:
+        raise ValueError(f"unexpected structure in the tokenizer arrays of {where}: {type(e).__name__}: {e}\n"
+                         f"  hint: {HINT_EXPORT}") from e
+
+
 def _build(ckpt_dir, chat_format):
-    if chat_format is not None and not isinstance(chat_format, str):
-        raise ValueError(f"chat_format must be None or a string, not {type(chat_format).__name__}")
     tj_path = _locate(ckpt_dir, "tokenizer.json")
     cfg_path = _locate(ckpt_dir, "tokenizer_config.json")
     tj = _load_json(tj_path, "tokenizer.json")
     cfg = _load_json(cfg_path, "tokenizer_config.json")
+    return _build_from(tj, cfg, tj_path, cfg_path, chat_format)
+
+
+def _build_from(tj, cfg, tj_path, cfg_path, chat_format):
+    if chat_format is not None and not isinstance(chat_format, str):
+        raise ValueError(f"chat_format must be None or a string, not {type(chat_format).__name__}")
     if not isinstance(tj, dict):
         _fail("tokenizer.json is not a JSON object", tj_path, "an object", type(tj).__name__)
     if not isinstance(cfg, dict):

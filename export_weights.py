@@ -903,7 +903,9 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
                 + (f" and {len(small) - 1} more" if len(small) > 1 else ""))
         quantizer = build_quantizer()
     try:
-        tok = export_tokenizer.build_tokenizer_section(tok_dir, chat_format)
+        gguf_kv = c.pop("gguf_kv", None)
+        tok = (export_tokenizer.build_tokenizer_section(tok_dir, chat_format) if gguf_kv is None else
+               export_tokenizer.build_tokenizer_section_from_gguf(gguf_kv, ckpt, chat_format))
     except ValueError as e:
         raise ExportError(str(e))
     if "gguf_n_tokens" in c:
@@ -1626,12 +1628,6 @@ def open_port_gguf(path, tokenizer, log):
     if arch != "zaya":
         fail("the GGUF is not a ZAYA model", f"{g.path}: general.architecture", "'zaya'", repr(arch),
              "export_weights.py reads GGUFs written by llama.cpp's ZAYA port (convert_hf_to_gguf.py, ZayaModel)")
-    if tokenizer is None:
-        fail("a GGUF needs --tokenizer DIR", path, "--tokenizer with a folder holding tokenizer.json and "
-             "tokenizer_config.json (or .gz)", "no --tokenizer",
-             "give the checkpoint folder the GGUF was converted from (its config.json is then checked against the "
-             "GGUF and supplies the sliding windows the GGUF does not store); the GGUF's own tokenizer.ggml.* "
-             "vocabulary is not read")
     src = GGUFPortTensors(g)
     gname_of = {}
     half = g.kv.get("zaya.block_count")
@@ -1670,7 +1666,7 @@ def open_port_gguf(path, tokenizer, log):
     cfg_path = f"{path} (metadata)"
     notes = []
     ck_cfg = os.path.join(tokenizer, "config.json") if tokenizer else None
-    if os.path.isfile(ck_cfg):
+    if ck_cfg and os.path.isfile(ck_cfg):
         ck_raw = read_json(ck_cfg, "config.json")
         if not isinstance(ck_raw, dict):
             fail("config.json is not a JSON object", ck_cfg)
@@ -1689,7 +1685,14 @@ def open_port_gguf(path, tokenizer, log):
         + f"), dequantized as ggml does; vocabulary {c['vocab_size']} rows")
     for n in notes:
         log("note: " + n)
-    log(f"note: tokenizer from {tokenizer}")
+    if tokenizer is None:
+        # no checkpoint folder: the GGUF's own vocabulary and merges, with the ZAYA1 family's known normalizer,
+        # pre-tokenizer and added tokens (export_tokenizer.gguf_tokenizer_json)
+        c["gguf_kv"] = g.kv
+        log("note: tokenizer from the GGUF's tokenizer.ggml.* arrays (vocabulary, merges, special ids, chat template), "
+            "with the ZAYA1 normalizer and pre-tokenizer; --tokenizer DIR for the checkpoint's own files")
+    else:
+        log(f"note: tokenizer from {tokenizer}")
     if isinstance(g.kv.get("tokenizer.ggml.tokens"), list):
         c["gguf_n_tokens"] = len(g.kv["tokenizer.ggml.tokens"])
     return cfg, cfg_path, where, "legacy", c, tokenizer
@@ -1707,7 +1710,7 @@ def check_gguf_tokenizer(c, tok, path, tok_dir):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Export a Hugging Face ZAYA1 checkpoint folder to a zaya.c blob.")
     ap.add_argument("checkpoint", help="folder with config.json, *.safetensors, tokenizer.json, tokenizer_config.json "
-                    "(or their .gz); or a .gguf of llama.cpp's ZAYA port (with --tokenizer)")
+                    "(or their .gz); or a .gguf of llama.cpp's ZAYA port (its own tokenizer arrays, or --tokenizer DIR)")
     ap.add_argument("out", help="output blob, e.g. zaya1-8b.bin")
     ap.add_argument("--dtype", choices=sorted(DTYPE_CODES), default="fp32",
                     help="format of the big matrices (default fp32; bf16 keeps the hub's exact weights)")
@@ -1725,7 +1728,8 @@ def main(argv=None):
     ap.add_argument("--tokenizer", metavar="DIR", default=None,
                     help="GGUF input only: the folder with tokenizer.json and tokenizer_config.json (the checkpoint "
                          "the GGUF came from; its config.json, if there, is checked against the GGUF's metadata and "
-                         "gives the sliding windows the GGUF does not store)")
+                         "gives the sliding windows the GGUF does not store); without it the GGUF's own "
+                         "tokenizer.ggml.* arrays")
     args = ap.parse_args(argv)
     try:
         export(args.checkpoint, args.out, args.dtype, args.group_size,

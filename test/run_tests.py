@@ -40,6 +40,8 @@ TESTS = [
     ("precision", [sys.executable, "test/test_precision.py"]),
     ("port_weights", [sys.executable, "test/test_port_weights.py"]),
     ("quant", [sys.executable, "test/test_quant.py"]),
+    ("diagnose", [sys.executable, "test/test_diagnose.py"]),
+    ("gguf_tokenizer", [sys.executable, "test/test_gguf_tokenizer.py"]),
     ("quant_sensitivity", [sys.executable, "test/test_quant_sensitivity.py"]),
     ("formats", [sys.executable, "test/test_formats.py"]),
     ("golden_hf", [sys.executable, "test/test_golden_hf.py"]),

@@ -93,7 +93,7 @@ for args, needle, name in (
         ([os.path.join(OUT, "bad magic.gguf")], "bad magic", "bad magic"),
         ([os.path.join(OUT, "type MXFP4 refused by name.gguf")], "MXFP4", "an unsupported type"),
         ([fixture("Q4_K.gguf"), "--tokenizer", need_fixtures("tokenizer")], "not a ZAYA model", "another architecture"),
-        ([fixture("compact-F32.gguf")], "needs --tokenizer", "no --tokenizer"),
+        ([fixture("compact-F32.gguf")], "lacks token_embd.weight", "a GGUF stripped of its embedding"),
         ([need_fixtures("checkpoint_legacy"), "--tokenizer", need_fixtures("tokenizer")], "--tokenizer is for a GGUF",
          "--tokenizer with a checkpoint folder")):
     rc, out, err = run([sys.executable, "export_weights.py", *args[:1], os.path.join(OUT, "x.bin"), *args[1:]])

@@ -10,7 +10,8 @@ dequantized, written as PORT.safetensors and exported with export_weights.py --w
    model as its weights allow;
 2. a port with one bug (a copy of zaya.c whose layer-3 experts scale SiLU(gate) x up by 1.03): --quant and
    --local --model PORTWEIGHTS.bin name layer 3, mlp.experts; --local with the checkpoint's blob does not
-   blame a layer (every layer differs locally by about the same) and says to pass the port's weights.
+   blame a layer (q_proj, k_proj, v_proj_* depart where their input agrees: the weights differ) and says to
+   pass the port's weights.
 3. --quant without --exact, and with --exact the same file as --model: exit 2 with a hint.
 """
 import json
@@ -108,9 +109,11 @@ for qtype in ("q8_0", "q4_0"):
     for d in os.listdir(OUT):         # the replays hold the logits; keep the disk use of one type at a time
         if os.path.isdir(os.path.join(OUT, d)) and qtype in d:
             shutil.rmtree(os.path.join(OUT, d))
-    check(rc == 1 and "EVERY LAYER DIFFERS LOCALLY" in text and "--weights PORT.safetensors" in text
+    check(rc == 1 and "YOUR WEIGHTS DIFFER" in text and "--weights PORT.safetensors" in text
+          and "layer 0: every product that reads a weight departs where its inputs agree" in text
           and "FIRST LOCAL ERROR" not in text,
-          f"{qtype}: --local with the checkpoint's blob blames no layer and says to pass the port's weights", text[-600:])
+          f"{qtype}: --local with the checkpoint's blob blames no layer: the weights differ (q_proj, k_proj, v_proj_* "
+          "depart where input_layernorm agrees); pass the port's weights", text[-900:])
 
 # 3. bad input
 rc, text = compare("--quant", port, "--model", weights)

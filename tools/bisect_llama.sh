@@ -10,7 +10,11 @@
 #    the map names (OUT/raw);
 # 2. map: zaya_compare.portmap applies maps/llama.cpp-zaya1.json: OUT/port, a zaya.c dump under HF names;
 # 3. the port's own weights: --blob, else `export_weights.py MODEL.gguf OUT/port-weights.bin` (the GGUF's
-#    tensors as ggml dequantizes them; --config CKPT_DIR adds what the GGUF lacks, e.g. sliding windows);
+#    tensors as ggml dequantizes them, and its own tokenizer.ggml.* vocabulary and merges; the GGUF alone
+#    does. It stores no sliding windows and one RoPE theta, so zaya.c then computes every layer as the
+#    port does, full attention with that theta, and says so. --config CKPT_DIR, the checkpoint folder it
+#    was converted from, checks the GGUF against its config.json and takes the sliding windows, the
+#    sliding layers' RoPE and the tokenizer from it: the exact checkpoint);
 #    then, unless --keep-skip, tools/forbid_skip.py: the port never picks the skip class, so neither may
 #    the replay (OUT/port-weights-noskip.bin);
 # 4. zaya.c on those weights and ids (OUT/zaya: the end-to-end column) and the layer-local replay of
@@ -67,7 +71,16 @@ if [ -z "$BLOB" ]; then
     BLOB="$OUT/port-weights.bin"
     echo "+ python3 export_weights.py $GGUF $BLOB${CONFIG:+ --tokenizer $CONFIG}"
     (cd "$HERE" && python3 export_weights.py "$GGUF" "$BLOB" ${CONFIG:+--tokenizer "$CONFIG"}) > "$OUT/export.log" 2>&1 \
-        || { tail -5 "$OUT/export.log" >&2; die "export_weights.py could not read $GGUF" "give the port's weights as --blob BIN"; }
+        || { tail -5 "$OUT/export.log" >&2
+             if [ -n "$CONFIG" ]; then die "export_weights.py could not read $GGUF with --config $CONFIG (log: $OUT/export.log)" \
+                 "--config DIR must be the checkpoint folder the GGUF was converted from (config.json, tokenizer.json), or leave it out to use the GGUF alone"
+             else die "export_weights.py could not read $GGUF (log: $OUT/export.log)" \
+                 "--config CKPT_DIR, the checkpoint folder the GGUF was converted from, supplies what the GGUF lacks (its tokenizer, the sliding windows)"; fi; }
+    # what the GGUF could not say, and where the tokenizer came from
+    grep '^note: ' "$OUT/export.log" || true
+    [ -n "$CONFIG" ] || echo "note: from the GGUF alone zaya.c computes every layer as the port does (no sliding window, one RoPE" \
+        "theta): a port that leaves out the checkpoint's sliding windows or the sliding layers' RoPE agrees here; --config" \
+        "CKPT_DIR (the checkpoint it was converted from) judges it against the checkpoint's"
 fi
 if [ "$KEEP_SKIP" = 0 ]; then
     echo "+ python3 tools/forbid_skip.py $BLOB $OUT/port-weights-noskip.bin   (the port never picks the skip class)"
@@ -76,7 +89,8 @@ if [ "$KEEP_SKIP" = 0 ]; then
 fi
 if [ -n "$PROMPT" ]; then
     # like ./zaya -i: the tokenizer's prefix (<bos>) and the text, without the suffix its post-processor appends
-    FULL="$(printf '%s' "$PROMPT" | "$HERE/zaya" "$BLOB" --encode)" || die "./zaya --encode failed" "the blob needs a tokenizer"
+    FULL="$(printf '%s' "$PROMPT" | "$HERE/zaya" "$BLOB" --encode)" || die "./zaya $BLOB --encode failed" \
+        "give the ids as --ids 2,818,..., or --config CKPT_DIR for the checkpoint's tokenizer"
     EMPTY="$(printf '' | "$HERE/zaya" "$BLOB" --encode)"
     IDS="$("$PY" -c "import sys
 f, e = [list(map(int, s.replace(',', ' ').split())) for s in sys.argv[1:3]]

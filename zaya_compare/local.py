@@ -20,6 +20,7 @@ import subprocess
 
 import numpy as np
 
+from .diagnose import GGML_PRODUCTS, diagnose
 from .dumps import Dump, InputError, guarded, need_router_indices
 from .metrics import fmt, fsum, row_metrics
 from .names import ATOL, CAUSAL, DEPS, ELEMENTWISE, LAYER_OUTPUT, LAYER_STATE, execution_order, kind_of, layer_of
@@ -177,9 +178,9 @@ def judge_layers(args, port, replay, env, ref):
     return rows, first, names
 
 
-# every layer past tolerance at its output, the largest local error at most this many times the smallest:
-# the port's weights differ from the replay's (on the fixture Q8_0 and Q4_0 spread 2.2x and 2.3x; a bug
-# leaves the layers before it at 0)
+# every layer past tolerance at its output, the largest local error at most this many times the smallest, in a
+# dump without the product taps that tell weights from code (diagnose.py): no layer is blamed (on the fixture
+# Q8_0 and Q4_0 spread 2.2x and 2.3x; a bug leaves the layers before it at 0)
 UNIFORM_SPREAD = 10.0
 
 
@@ -214,15 +215,43 @@ def report(args, port, replay, env, ref, rows, first, names):
         for layer, _, _, _, _, _, layer_rows in rows:
             for name, e, ee, gate, bad in layer_rows:
                 print(f"  {name:60s} local {fmt(e):>9}  env {fmt(ee):>9}  tol {fmt(gate):>9}  {'OUT' if bad else 'ok'}")
-    uniform = every_layer_differs(rows)
+    src = ((replay.index.get("model") or {}).get("provenance") or {}).get("source") or ""
+    d = diagnose(rows, first, port, names, bf16_judged=env is not None,
+                 gguf=src if src.lower().endswith(".gguf") else None)
+    if d.verdict == "bf16":
+        layer, name, e, gate, ee = first
+        print(f"\nTHE PORT COMPUTES IN BF16 ({d.bf16:.0%} of its first product's values are bf16 numbers), judged by "
+              f"float32 tolerances:\n  every product departs by bf16's rounding. Judge it as a bf16 port: compare.py "
+              f"--local {args.test_dir} --model {args.model or 'MODEL.bin'} --bf16 (docs/compare.md §9)\n"
+              f"  (by float32 tolerances the first local error is layer {layer}, {name}: {fmt(e)} > {fmt(gate)})")
+        print("RESULT: LOCAL ERROR IN EVERY LAYER (a bf16 port: pass --bf16)")
+        return 1
+    if d.verdict == "weights":
+        print(f"\nYOUR WEIGHTS DIFFER from the replay's ({args.model or replay.folder}):\n  "
+              + "\n  ".join(d.weight_lines())
+              + "\n  a quantized port, or other weights. Judge the port on its own weights: --model PORTWEIGHTS.bin"
+              "\n  (python3 export_weights.py CKPT PORTWEIGHTS.bin --weights PORT.safetensors, or export_weights.py"
+              "\n  MODEL.gguf PORTWEIGHTS.bin), or compare.py --quant PORT --model PORTWEIGHTS.bin --exact EXACT.bin"
+              "\n  (docs/compare.md §10). A port that rounds every product's input (ggml's F16/Q8 activations) looks"
+              "\n  the same here; on its own weights it departs at the first product.")
+        print("RESULT: LOCAL ERROR IN EVERY LAYER (the weights)")
+        return 1
+    if d.verdict == "products":
+        layer, name, e, gate, ee = first
+        print(f"\nFIRST LOCAL ERROR: layer {layer}, {name}\n  local error {fmt(e)} > tolerance {fmt(gate)}\n  "
+              + "\n  ".join(d.weight_lines("the GGUF's")) + f"\n  although the replay's weights are the GGUF's own ({src}, "
+              f"as ggml dequantizes them): the port computes its products otherwise;\n  {GGML_PRODUCTS}")
+        print("RESULT: LOCAL ERROR")
+        return 1
+    uniform = every_layer_differs(rows) if d.verdict == "unknown" else None
     if first and uniform:
         layer, name, e, gate, ee = first
         lo, hi = uniform
-        print(f"\nEVERY LAYER DIFFERS LOCALLY, by about the same ({fmt(lo)} to {fmt(hi)} rel L2 at the layer outputs):"
-              f"\n  your port's weights are probably not the checkpoint's (a quantized port), or it computes in lower"
-              f"\n  precision than the replay. Pass --model PORTWEIGHTS.bin, the port's own weights in a blob"
-              f"\n  (python3 export_weights.py CKPT PORTWEIGHTS.bin --weights PORT.safetensors), or use compare.py --quant"
-              f"\n  (docs/compare.md §10); for a bf16 port pass --bf16.\n  If the weights are the checkpoint's, the first "
+        print(f"\nEVERY LAYER DIFFERS LOCALLY, by about the same ({fmt(lo)} to {fmt(hi)} rel L2 at the layer outputs),"
+              f"\n  and the dump has no product fed agreeing inputs (q_proj, k_proj, v_proj_*, ...) to tell other weights"
+              f"\n  from other code: dump those taps, or pass the port's own weights as --model PORTWEIGHTS.bin"
+              f"\n  (python3 export_weights.py CKPT PORTWEIGHTS.bin --weights PORT.safetensors) or use compare.py --quant"
+              f"\n  (docs/compare.md §10).\n  If the weights are the checkpoint's, the first "
               f"local error is layer {layer}, {name} ({fmt(e)} > {fmt(gate)}).")
         print("RESULT: LOCAL ERROR IN EVERY LAYER")
         return 1
@@ -234,8 +263,9 @@ def report(args, port, replay, env, ref, rows, first, names):
             why = "the port routes a position differently from the replay, not at a near-tie"
         prev = [n for n in names if n.startswith(f"model.layers.{layer}.")]
         before = prev[prev.index(name) - 1] if prev.index(name) > 0 else f"the input of layer {layer}"
-        print(f"\nFIRST LOCAL ERROR: layer {layer}, {name}\n  {why}\n  every layer before it recomputes from the port's "
-              f"inputs within tolerance; look at the port's computation between {before} and {name}")
+        evidence = "".join(f"\n  {ln}" for ln in d.code_lines())
+        print(f"\nFIRST LOCAL ERROR: layer {layer}, {name}\n  {why}{evidence}\n  every layer before it recomputes from "
+              f"the port's inputs within tolerance; look at the port's computation between {before} and {name}")
         print("RESULT: LOCAL ERROR")
         return 1
     print("\nRESULT: every layer agrees locally" + (" (within the bf16 envelope)" if env else ""))

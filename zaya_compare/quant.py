@@ -11,13 +11,15 @@ model on those weights, so per layer this view sets side by side:
   port local     the port vs zaya.c on the port's weights replayed from the port's own input to each layer
                  (local.py's replay): what the port's computation adds, quantization taken out.
 The verdict is local.py's judgment on the port's own weights: "as close to the exact model as its weights
-allow", or "layer L, TAP adds error the weights do not explain". The runs go to PREFIX_exact,
+allow", or "layer L, TAP adds error the weights do not explain", or (diagnose.py) "the port's weights are not
+those of PORTWEIGHTS.bin" when the products that read weights are where it departs. The runs go to PREFIX_exact,
 PREFIX_weights, PREFIX_quant_local and PREFIX_replay_fp32 (PREFIX: --replay-out, default PORT_quant).
 """
 import os
 import subprocess
 
 from . import local
+from .diagnose import GGML_PRODUCTS, diagnose
 from .dumps import Dump, InputError, guarded
 from .metrics import fmt, logits_rows_stats
 from .names import LAYER_OUTPUT
@@ -103,9 +105,19 @@ def quant_main(args):
     if lw and lp:
         print(f"logits vs exact: weights alone top-1 {lw[0]}/{lw[1]}, KL {lw[2]:.3g}; port top-1 {lp[0]}/{lp[1]}, "
               f"KL {lp[2]:.3g}")
+    src = ((replay.index.get("model") or {}).get("provenance") or {}).get("source") or ""
+    d = diagnose(rows, first, port, names, bf16_judged=env is not None,
+                 gguf=src if src.lower().endswith(".gguf") else None)
+    if d.verdict == "weights":
+        print(f"\nVERDICT: the port's weights are not those of {args.model}:\n  " + "\n  ".join(d.weight_lines())
+              + f"\n  hint: --model must hold exactly the weights the port computes with (export_weights.py MODEL.gguf "
+              f"OUT.bin for a GGUF, --weights PORT.safetensors for a dequantized dump of them)")
+        return 1
     if first:
         layer, name, e, gate, ee = first
-        print(f"\nVERDICT: layer {layer}, {name} adds error the weights do not explain\n"
+        evidence = "".join(f"\n  {ln}" for ln in (d.code_lines() if d.verdict != "products" else
+                                                   d.weight_lines("the GGUF's") + [GGML_PRODUCTS]))
+        print(f"\nVERDICT: layer {layer}, {name} adds error the weights do not explain{evidence}\n"
               f"  on its own weights the port's local error there is {fmt(e)} (tolerance {fmt(gate)}"
               + (f", 3 x the bf16 envelope {fmt(ee)}" if ee is not None else "") + "); quantization alone adds "
               f"{fmt(qlocal_by_layer.get(layer))} to that layer's output\n"
