@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE   /* sched_getaffinity, madvise(MADV_HUGEPAGE) */
 #include "kernels.h"
+#include "zmath.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -1153,7 +1154,7 @@ void softmax(float *x, int n) {
     float max = x[0];
     for (int i = 1; i < n; i++) if (x[i] > max) max = x[i];
     float sum = 0.0f;
-    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    for (int i = 0; i < n; i++) { x[i] = zaya_expf(x[i] - max); sum += x[i]; }
     for (int i = 0; i < n; i++) x[i] /= sum;
 }
 
