@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""run_tests.py - runs every test of zaya.c and ends with the line `N passed, N failed`.
+"""run_tests.py - runs every test of zaya.c and ends with the line `N passed, N failed, N skipped`.
 
     python3 test/run_tests.py [--fixtures test/fixtures] [--only NAME]
 
 Each test is a program that prints one line per check, `PASS <name>` or `FAIL <name>: <detail>`,
-and exits non-zero when anything failed. A test that exits non-zero without printing a FAIL line
-(a crash) counts as one failure. Missing fixtures are a failure, never a skip. The fixtures are the
-compact set in the repository (test/fixtures/README.md): nothing beside the repository is read.
+and exits non-zero when anything failed; `SKIP <name>: <why>` for checks that need a tool this machine
+lacks (test_arm.py without the arm64 cross tools): counted as skipped, never as passed. A test that
+exits non-zero without printing a FAIL line (a crash) counts as one failure. Missing fixtures are a
+failure, never a skip. The fixtures are the compact set in the repository (test/fixtures/README.md):
+nothing beside the repository is read.
 """
 import argparse
 import os
@@ -45,6 +47,7 @@ TESTS = [
     ("fuzz", [sys.executable, "test/test_fuzz.py"]),
     ("bench", [sys.executable, "test/test_bench.py"]),
     ("zmath", ["build/test_zmath", "test/test_zmath.c"]),
+    ("arm", [sys.executable, "test/test_arm.py"]),
 ]
 
 
@@ -54,7 +57,7 @@ def main():
     ap.add_argument("--only", action="append", help="run only these tests (repeatable)")
     args = ap.parse_args()
     env = dict(os.environ, ZAYA_FIXTURES=os.path.abspath(os.path.join(ROOT, args.fixtures)))
-    passed = failed = 0
+    passed = failed = skipped = 0
     if not os.path.isdir(env["ZAYA_FIXTURES"]):
         print(f"FAIL fixtures: {env['ZAYA_FIXTURES']} not found (hint: test/fixtures/ is part of the repository; "
               "restore it with `git checkout -- test/fixtures`)")
@@ -77,18 +80,21 @@ def main():
         t0 = time.time()
         p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            errors="replace")
-        n_pass = n_fail = 0
+        n_pass = n_fail = n_skip = 0
         for line in p.stdout.splitlines():
-            print("   " + line if not line.startswith(("PASS ", "FAIL ")) else line)
+            print("   " + line if not line.startswith(("PASS ", "FAIL ", "SKIP ")) else line)
             n_pass += line.startswith("PASS ")
             n_fail += line.startswith("FAIL ")
+            n_skip += line.startswith("SKIP ")
         if p.returncode != 0 and n_fail == 0:
             print(f"FAIL {name}: exited with status {p.returncode} without naming a failed check")
             n_fail += 1
-        print(f"   ({name}: {n_pass} passed, {n_fail} failed, {time.time() - t0:.1f} s)", flush=True)
+        print(f"   ({name}: {n_pass} passed, {n_fail} failed{f', {n_skip} skipped' if n_skip else ''}, "
+              f"{time.time() - t0:.1f} s)", flush=True)
         passed += n_pass
         failed += n_fail
-    print(f"{passed} passed, {failed} failed")
+        skipped += n_skip
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
 
