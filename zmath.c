@@ -27,29 +27,36 @@ static uint32_t bits_of_float(float f) { uint32_t b; memcpy(&b, &f, sizeof b); r
 /* the largest double that rounds to a finite float: (2 - 2^-24) * 2^127 rounds to inf (ties to even) */
 #define FLOAT_OVERFLOW 0x1.ffffffp127
 
-/* e^x in double for -110 < x < 95 (the float range and a margin): x = k ln2 + r, |r| <= ln2/2, with
- * ln2 in two parts (the first with 32 bits, so k * LN2_HI is exact), then the Taylor series of e^r
- * to r^13 (remainder < 5e-18 relative), times 2^k built from its bits. Relative error < 1e-15. */
+/* 2^(j/32) for j < 32, each the nearest double (computed with Python's decimal module at 60 digits) */
+static const double EXP2_32[32] = {
+    0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0,
+    0x1.172b83c7d517bp+0, 0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0,
+    0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0, 0x1.3dea64c123422p+0, 0x1.44e086061892dp+0,
+    0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0, 0x1.6247eb03a5585p+0,
+    0x1.6a09e667f3bcdp+0, 0x1.71f75e8ec5f74p+0, 0x1.7a11473eb0187p+0, 0x1.82589994cce13p+0,
+    0x1.8ace5422aa0dbp+0, 0x1.93737b0cdc5e5p+0, 0x1.9c49182a3f090p+0, 0x1.a5503b23e255dp+0,
+    0x1.ae89f995ad3adp+0, 0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0,
+    0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0, 0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
+};
+
+/* e^x in double for -110 < x < 95 (the float range and a margin): x = k ln2/32 + r, |r| <= ln2/64, with
+ * ln2/32 in two parts (the first with 32 bits, so k * LN2_32_HI is exact), e^r by its Taylor series to
+ * r^6 (remainder < 4e-18), times 2^(k/32) = 2^m * EXP2_32[j] (2^m built from its bits). Relative error
+ * < 5e-16. */
 static double exp_d(double x) {
-    const double LN2_HI = 0x1.62e42fee00000p-1, LN2_LO = 0x1.a39ef35793c76p-33, INV_LN2 = 0x1.71547652b82fep+0;
-    const double kd = x * INV_LN2;
+    const double LN2_32_HI = 0x1.62e42fee00000p-6, LN2_32_LO = 0x1.a39ef35793c76p-38, INV = 0x1.71547652b82fep+5;
+    const double kd = x * INV;
     const int k = (int)(kd < 0 ? kd - 0.5 : kd + 0.5);   /* nearest integer */
-    const double r = (x - k * LN2_HI) - k * LN2_LO;
-    double p = 1.0 / 6227020800.0;                        /* 1/13! */
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
+    const double r = (x - k * LN2_32_HI) - k * LN2_32_LO;
+    double p = 1.0 / 720.0;
     p = p * r + 1.0 / 120.0;
     p = p * r + 1.0 / 24.0;
     p = p * r + 1.0 / 6.0;
     p = p * r + 0.5;
     p = p * r + 1.0;
     p = p * r + 1.0;
-    return p * double_of_bits((uint64_t)(k + 1023) << 52);   /* exact: -151 < k < 138 */
+    const int j = (k % 32 + 32) % 32, m = (k - j) / 32;
+    return p * EXP2_32[j] * double_of_bits((uint64_t)(m + 1023) << 52);   /* the last product exact: -160 < m < 138 */
 }
 
 /* the natural logarithm in double of a positive normal double: x = 2^e m, sqrt(1/2) <= m < sqrt(2),
@@ -75,17 +82,25 @@ float zaya_expf(float x) {
     return y >= FLOAT_OVERFLOW ? INFINITY : (float)y;
 }
 
+/* 1/(2n+1) for n < 128, each rounded once (the compiler divides) */
+#define INV_ODD4(n) 1.0 / (2 * (n) + 1), 1.0 / (2 * (n) + 3), 1.0 / (2 * (n) + 5), 1.0 / (2 * (n) + 7)
+#define INV_ODD16(n) INV_ODD4(n), INV_ODD4(n + 4), INV_ODD4(n + 8), INV_ODD4(n + 12)
+static const double INV_ODD[128] = {INV_ODD16(0), INV_ODD16(16), INV_ODD16(32), INV_ODD16(48),
+                                    INV_ODD16(64), INV_ODD16(80), INV_ODD16(96), INV_ODD16(112)};
+#undef INV_ODD16
+#undef INV_ODD4
+
 /* erf(a) = 2/sqrt(pi) e^(-a^2) sum_n (2a^2)^n a / (1 * 3 * ... * (2n + 1)): all terms positive, so no
- * cancellation; the sum stops when a term adds less than 2^-56 of it (about 12 terms at a = 0.5, 40 at
- * a = 2, 100 at a = 4). erf(a) rounds to 1 in float from a = 3.92 on. */
+ * cancellation; the sum stops when a term adds less than 2^-56 of it (about 12 terms at a = 0.5, 30 at
+ * a = 2, 110 at a = 4.5). erf(a) rounds to 1 in float from a = 3.92 on. */
 float zaya_erff(float x) {
     if (x != x) return x + x;
     const double a = fabs((double)x);
     if (a >= 4.5) return x < 0 ? -1.0f : 1.0f;
     const double a2 = a * a, twice = 2.0 * a2;   /* exact: a has 24 bits */
     double term = a, sum = a;
-    for (int n = 1; term > sum * 0x1p-56; n++) {
-        term = term * twice / (2 * n + 1);
+    for (int n = 1; n < 128 && term > sum * 0x1p-56; n++) {
+        term *= twice * INV_ODD[n];
         sum += term;
     }
     const double r = 0x1.20dd750429b6dp+0 * exp_d(-a2) * sum;   /* 2/sqrt(pi) */

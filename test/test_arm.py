@@ -10,7 +10,8 @@ AVX2 kernels) and no -march (the portable loops). Runs each under qemu-aarch64 (
 test_simd.py's checkpoints (hidden 512: every SIMD block; hidden 200, head_dim 40: tails everywhere),
 fp32, bf16 and int8 blobs (groups of 64 and 32), whole prompt and token by token (--batch 1), and
 checks that every tensor of every --dump is the same bytes as ./zaya's. Also zmath.c's functions:
-test_zmath's checksum over its sweep, arm64 = x86-64. Without the cross tools it prints a SKIP line
+test_zmath's checksum over its sweep, arm64 = x86-64; and test_kernels.c (every fast kernel against its
+plain twin) built for arm64 passes under qemu. Without the cross tools it prints a SKIP line
 (run_tests.py counts it as skipped, never passed); .ci/run installs them (gcc-aarch64-linux-gnu,
 libc6-dev-arm64-cross, qemu-user). Prints `PASS name` / `FAIL name: detail` / `SKIP name: why`.
 """
@@ -74,6 +75,9 @@ def test(tmp):
         builds.append((name, exe, name.startswith("arm64")))
         jobs.append((f"{name}: {cc} -O3 {' '.join(flags)}", [cc, *FLAGS, *flags, "-o", exe, *SRC, "-pthread", "-lm"]))
     zm_arm, zm_x86 = os.path.join(tmp, "test_zmath_arm"), os.path.join(tmp, "test_zmath_x86")
+    tk = os.path.join(tmp, "test_kernels_arm")
+    jobs.append(("test_kernels for arm64 NEON+dotprod", [CROSS, *FLAGS, "-march=armv8.2-a+dotprod", "-I.", "-o", tk,
+                                                          "test/test_kernels.c", *SRC[:6], "-pthread", "-lm"]))
     zm = ["-I.", "test/test_zmath.c", "zmath.c", "-lm"]
     jobs.append(("test_zmath for arm64", [CROSS, *FLAGS, "-march=armv8.2-a+dotprod", "-o", zm_arm, *zm]))
     jobs.append(("test_zmath for x86-64", ["cc", *FLAGS, "-march=native", "-o", zm_x86, *zm]))
@@ -94,6 +98,12 @@ def test(tmp):
           f"zmath.c on arm64 (qemu) = on x86-64: {sums[1]}",
           f"arm64 rc {rc_a}, {sums[0]}; x86-64 rc {rc_x}, {sums[1]} ({(out_a + err_a)[-300:]}) (hint: zmath.c must use "
           "only IEEE double +-*/ without contraction; look for an FMA or a libm call)")
+
+    # every fast kernel against its plain twin (test_kernels.c: FP8, MXFP4, attention too), on arm64
+    rc, out, err = run([*qemu, tk])
+    fails = [ln for ln in out.splitlines() if ln.startswith("FAIL ")]
+    check(rc == 0 and not fails and "PASS " in out, f"test_kernels on arm64 (qemu): {out.count('PASS ')} checks pass",
+          f"rc {rc}: {(fails[:3] or [err[-300:]])}")
 
     tok = small_tokenizer(tokenizer_dir(), os.path.join(tmp, "tokenizer"))
     cases = []
