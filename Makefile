@@ -1,6 +1,12 @@
 # zaya.c - build, test, demo.  `make` builds ./zaya with cc, libc (pthreads) and libm only.
 CC      ?= cc
+# arm64 (Apple Silicon with clang, ARM servers with gcc or clang): -mcpu=native, which both take there (Apple
+# clang before 15 refuses -march=native on arm64); the NEON kernels need nothing more (kernels.c)
+ifneq ($(filter arm64 aarch64,$(shell uname -m)),)
+CFLAGS  ?= -O3 -mcpu=native
+else
 CFLAGS  ?= -O3 -march=native
+endif
 WARN     = -std=c11 -Wall -Wextra -Werror -Wno-unknown-pragmas
 # (not a warning, but on every line that has $(WARN)): no fused multiply-add where the C has a * b + c,
 # so a build gives the same bits on every machine and compiler (gcc -std=c11 is off already; clang is not)
@@ -18,7 +24,7 @@ PYTHON  ?= $(or $(firstword $(foreach p,python3 /usr/bin/python3,$(shell $(p) -c
 FIXTURES ?= test/fixtures
 CKPT    ?= $(FIXTURES)/checkpoint_native
 
-.PHONY: all debug test demo demo-chat docs fuzz clean capture
+.PHONY: all debug test demo demo-chat docs fuzz clean capture arm64
 all: zaya
 
 zaya: $(SRC) $(HDR)
@@ -67,6 +73,17 @@ build/matmul_rate: bench/matmul_rate.c bench/read_sum.h $(LIB) $(HDR)
 test: zaya zaya_debug build/test_kernels build/test_zmath build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps
 	@$(PYTHON) -c 'import numpy' 2>/dev/null || { echo "make test: $(NUMPY_HINT)" >&2; exit 1; }
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
+
+# arm64 cross builds on an x86 Debian machine (gcc-aarch64-linux-gnu; run with qemu-aarch64 -L /usr/aarch64-linux-gnu):
+# NEON kernels with the dot-product extension, and the portable loops; test/test_arm.py builds its own
+ARM64_CC ?= aarch64-linux-gnu-gcc
+arm64: build/zaya-arm64 build/zaya-arm64-portable
+build/zaya-arm64: $(SRC) $(HDR)
+	mkdir -p build
+	$(ARM64_CC) -O3 -march=armv8.2-a+dotprod $(WARN) $(DEFS) -o $@ $(SRC) $(LIBS)
+build/zaya-arm64-portable: $(SRC) $(HDR)
+	mkdir -p build
+	$(ARM64_CC) -O3 -march=armv8-a+nosimd $(WARN) $(DEFS) -o $@ $(SRC) $(LIBS)
 
 # the main job on real input: export a hub-format checkpoint (default: the repository's compact fixture,
 # whose weights are random, so its text is noise; CKPT=dir for a real one), generate from an English prompt

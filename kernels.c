@@ -957,8 +957,10 @@ static int pool_start(Pool *p, int threads) {
 }
 
 int zaya_default_threads(void) {
+#ifdef __linux__   /* (macOS has no affinity masks: its online cores) */
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
