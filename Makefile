@@ -30,10 +30,11 @@ all: zaya
 zaya: $(SRC) $(HDR)
 	$(CC) $(CFLAGS) $(WARN) $(DEFS) -o $@ $(SRC) $(LIBS)
 
-# debug: AddressSanitizer + UndefinedBehaviorSanitizer, portable C kernels (no -march=native)
+# debug: AddressSanitizer + UndefinedBehaviorSanitizer, portable C kernels (no -march=native; ZAYA_PORTABLE:
+# no NEON on arm64 either, where every compiler turns it on), the twin test/test_simd.py compares ./zaya with
 debug: zaya_debug
 zaya_debug: $(SRC) $(HDR)
-	$(CC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(WARN) $(DEFS) -o $@ $(SRC) $(LIBS)
+	$(CC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(WARN) $(DEFS) -DZAYA_PORTABLE -o $@ $(SRC) $(LIBS)
 
 # test/test_kernels.c: every fast kernel against its reference twin (kernels.c)
 build/test_kernels: test/test_kernels.c $(LIB) $(HDR)

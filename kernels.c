@@ -43,8 +43,9 @@
 #define AVX2_ONLY 0
 #endif
 /* arm64 (Apple Silicon, ARM servers): 128-bit NEON twins of the float32, bf16 and int8 dot products,
- * again the same operations in the same order as the portable loops (test/test_arm.py) */
-#if defined(__ARM_NEON) && defined(__aarch64__)
+ * again the same operations in the same order as the portable loops (test/test_arm.py). Every arm64
+ * compiler turns NEON on, so -DZAYA_PORTABLE keeps a build on the portable loops (make zaya_debug). */
+#if defined(__ARM_NEON) && defined(__aarch64__) && !defined(ZAYA_PORTABLE)
 #include <arm_neon.h>
 #define NEON 1
 #else
