@@ -1,13 +1,22 @@
 # zaya.c - build, test, demo.  `make` builds ./zaya with cc, libc (pthreads) and libm only.
 CC      ?= cc
+# arm64 (Apple Silicon with clang, ARM servers with gcc or clang): -mcpu=native, which both take there (Apple
+# clang before 15 refuses -march=native on arm64); the NEON kernels need nothing more (kernels.c)
+ifneq ($(filter arm64 aarch64,$(shell uname -m)),)
+CFLAGS  ?= -O3 -mcpu=native
+else
 CFLAGS  ?= -O3 -march=native
+endif
 WARN     = -std=c11 -Wall -Wextra -Werror -Wno-unknown-pragmas
+# (not a warning, but on every line that has $(WARN)): no fused multiply-add where the C has a * b + c,
+# so a build gives the same bits on every machine and compiler (gcc -std=c11 is off already; clang is not)
+WARN    += -ffp-contract=off
 COMMIT  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DEFS     = -DZAYA_COMMIT=\"$(COMMIT)\"
-LIB      = zaya.c blob.c kernels.c tokenizer.c trace.c
+LIB      = zaya.c blob.c kernels.c tokenizer.c trace.c zmath.c
 CLI      = dump.c kld.c replay.c
 SRC      = $(LIB) $(CLI) main.c
-HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h dump.h kld.h replay.h
+HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h dump.h kld.h replay.h zmath.h
 LIBS     = -pthread -lm
 # compare.py and the tests need numpy: PYTHON is the first of python3, /usr/bin/python3 that imports it
 NUMPY_HINT = compare.py needs numpy: apt-get install python3-numpy (tried python3 and /usr/bin/python3; or make PYTHON=...)
@@ -15,21 +24,27 @@ PYTHON  ?= $(or $(firstword $(foreach p,python3 /usr/bin/python3,$(shell $(p) -c
 FIXTURES ?= test/fixtures
 CKPT    ?= $(FIXTURES)/checkpoint_native
 
-.PHONY: all debug test demo demo-chat docs fuzz clean capture
+.PHONY: all debug test demo demo-chat docs fuzz clean capture arm64
 all: zaya
 
 zaya: $(SRC) $(HDR)
 	$(CC) $(CFLAGS) $(WARN) $(DEFS) -o $@ $(SRC) $(LIBS)
 
-# debug: AddressSanitizer + UndefinedBehaviorSanitizer, portable C kernels (no -march=native)
+# debug: AddressSanitizer + UndefinedBehaviorSanitizer, portable C kernels (no -march=native; ZAYA_PORTABLE:
+# no NEON on arm64 either, where every compiler turns it on), the twin test/test_simd.py compares ./zaya with
 debug: zaya_debug
 zaya_debug: $(SRC) $(HDR)
-	$(CC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(WARN) $(DEFS) -o $@ $(SRC) $(LIBS)
+	$(CC) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all $(WARN) $(DEFS) -DZAYA_PORTABLE -o $@ $(SRC) $(LIBS)
 
 # test/test_kernels.c: every fast kernel against its reference twin (kernels.c)
 build/test_kernels: test/test_kernels.c $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_kernels.c $(LIB) $(LIBS)
+
+# test/test_zmath.c: zmath.c's functions' ulp error over sweeps, against libm in double
+build/test_zmath: test/test_zmath.c zmath.c zmath.h
+	mkdir -p build
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_zmath.c zmath.c -lm
 
 # test/test_sample.c includes main.c whole, to test the command line's static sampler
 build/test_sample: test/test_sample.c $(SRC) $(HDR)
@@ -56,9 +71,20 @@ build/matmul_rate: bench/matmul_rate.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ bench/matmul_rate.c $(LIB) $(LIBS)
 
-test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps
+test: zaya zaya_debug build/test_kernels build/test_zmath build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps
 	@$(PYTHON) -c 'import numpy' 2>/dev/null || { echo "make test: $(NUMPY_HINT)" >&2; exit 1; }
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
+
+# arm64 cross builds on an x86 Debian machine (gcc-aarch64-linux-gnu; run with qemu-aarch64 -L /usr/aarch64-linux-gnu):
+# NEON kernels with the dot-product extension, and the portable loops; test/test_arm.py builds its own
+ARM64_CC ?= aarch64-linux-gnu-gcc
+arm64: build/zaya-arm64 build/zaya-arm64-portable
+build/zaya-arm64: $(SRC) $(HDR)
+	mkdir -p build
+	$(ARM64_CC) -O3 -march=armv8.2-a+dotprod $(WARN) $(DEFS) -o $@ $(SRC) $(LIBS)
+build/zaya-arm64-portable: $(SRC) $(HDR)
+	mkdir -p build
+	$(ARM64_CC) -O3 -march=armv8-a+nosimd $(WARN) $(DEFS) -o $@ $(SRC) $(LIBS)
 
 # the main job on real input: export a hub-format checkpoint (default: the repository's compact fixture,
 # whose weights are random, so its text is noise; CKPT=dir for a real one), generate from an English prompt

@@ -7,6 +7,7 @@
  * tensor of the model to its entry (name, dtype, shape, offset, size), then zaya_load itself.
  */
 #define _POSIX_C_SOURCE 200809L
+#define _DARWIN_C_SOURCE   /* macOS: sysconf(_SC_PHYS_PAGES) beside POSIX (no effect elsewhere) */
 #include "zaya.h"
 #include "kernels.h"
 #include "tokenizer.h"
@@ -403,7 +404,9 @@ static void *read_in_huge_pages(ZayaModel *m, int fd, int *copy) {
     if (huge >= m->map_size / 10 * 9) return m->map;
     munmap(m->map, m->map_size);
     m->map = NULL;
+#ifdef POSIX_FADV_DONTNEED   /* (macOS has no posix_fadvise) */
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);   /* only pages no process maps: nobody loses a page */
+#endif
     void *map = map_file_huge(fd, m->map_size);
     if (map == MAP_FAILED) { m->map_size = 0; return NULL; }
     m->map = map;

@@ -3,13 +3,14 @@
  * The model (zaya.c) calls matmul(), matmuls(), matmul_grouped(), attention() and a few helpers;
  * how they run is decided here. Every fast kernel has a plain-loop twin (matmul_ref,
  * matmul_grouped_ref, attention_ref) that test/test_kernels.c compares it with. The fast kernels compute each output with the same operations in the same order
- * whatever the thread count, the number of tokens per call or the SIMD width (AVX-512, AVX2 or portable C),
- * so the model's results never depend on them.
+ * whatever the thread count, the number of tokens per call or the SIMD width (AVX-512, AVX2, arm64 NEON or
+ * portable C), so the model's results never depend on them.
  *
  *   1. memory and weight access (bf16, int8 groups in the blob's order, FP8 and MXFP4 dequantized)
  *   2. activations quantized to int16 for int8 weights
- *   3. dot products: AVX-512 / AVX512-VNNI and AVX2 + FMA bodies beside their portable C twins
- *      (test/test_simd.py: the same bits from a -march=native build and a portable one)
+ *   3. dot products: AVX-512 / AVX512-VNNI, AVX2 + FMA and arm64 NEON bodies beside their portable C twins
+ *      (test/test_simd.py: the same bits from a -march=native build and a portable one; test/test_arm.py:
+ *      arm64 builds under qemu give the x86 builds' bits)
  *   4. the thread pool
  *   5. matmul
  *   6. attention
@@ -17,6 +18,7 @@
  */
 #define _GNU_SOURCE   /* sched_getaffinity, madvise(MADV_HUGEPAGE) */
 #include "kernels.h"
+#include "zmath.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -39,6 +41,15 @@
 #define AVX2_ONLY 1
 #else
 #define AVX2_ONLY 0
+#endif
+/* arm64 (Apple Silicon, ARM servers): 128-bit NEON twins of the float32, bf16 and int8 dot products,
+ * again the same operations in the same order as the portable loops (test/test_arm.py). Every arm64
+ * compiler turns NEON on, so -DZAYA_PORTABLE keeps a build on the portable loops (make zaya_debug). */
+#if defined(__ARM_NEON) && defined(__aarch64__) && !defined(ZAYA_PORTABLE)
+#include <arm_neon.h>
+#define NEON 1
+#else
+#define NEON 0
 #endif
 
 /* ---------------------------------------------------------------------------------------------
@@ -255,7 +266,10 @@ static void quantize_q16(int16_t *xq, float *xs, const float *x, int n, int grou
 
 /* The fast dot products. Each is written in plain C that any compiler builds, and as AVX-512 /
  * AVX512-VNNI intrinsics; the float32, bf16 and int8 ones also as AVX2 + FMA intrinsics (for CPUs
- * without AVX-512: 16 lanes as two 8-lane halves). All compute exactly the same operations in the
+ * without AVX-512: 16 lanes as two 8-lane halves) and as arm64 NEON intrinsics (16 lanes as four
+ * quarters; int8 x int16 by widening multiply-adds: the dot-product extension's SDOT multiplies int8
+ * by int8, and the activations here are int16, so NEON builds with and without it run the same
+ * code). All compute exactly the same operations in the
  * same order (16 float lanes with fused multiply-adds, or exact integer sums), so they give
  * bit-identical results; test/test_simd.py checks that on whole models, test/test_kernels.c how far
  * each is from matmul_ref. */
@@ -410,6 +424,36 @@ dot_float_n(float *out, const int nt, const void *wv, const int kind, const Quan
             _mm256_storeu_ps(acc[t] + 8, _mm256_add_ps(ahi[t], bhi[t]));
         }
     } else
+#elif NEON
+    if (kind == ZAYA_F32 || kind == ZAYA_BF16) {   /* 16 lanes as four 4-float quarters per chain */
+#define WN(i) (kind == ZAYA_BF16 ? vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)wv + (i)), 16)) \
+                                 : vld1q_f32((const float *)wv + (i)))
+        float32x4_t a[DOT_TOKENS][4], b[DOT_TOKENS][4];
+        for (int t = 0; t < nt; t++)
+            for (int q = 0; q < 4; q++) a[t][q] = b[t][q] = vdupq_n_f32(0.0f);
+        for (; i + 2 * LANES <= n; i += 2 * LANES) {
+            float32x4_t w8[8];
+            for (int q = 0; q < 8; q++) w8[q] = WN(i + 4 * q);
+            for (int t = 0; t < nt; t++) {
+                const float *xt = x + t * x_stride + i;
+                for (int q = 0; q < 4; q++) {   /* vfmaq_f32(acc, w, x) = fmaf(w, x, acc) lane by lane */
+                    a[t][q] = vfmaq_f32(a[t][q], w8[q], vld1q_f32(xt + 4 * q));
+                    b[t][q] = vfmaq_f32(b[t][q], w8[4 + q], vld1q_f32(xt + LANES + 4 * q));
+                }
+            }
+        }
+        if (i + LANES <= n) {             /* an odd last block: the first chain's */
+            float32x4_t w4[4];
+            for (int q = 0; q < 4; q++) w4[q] = WN(i + 4 * q);
+            for (int t = 0; t < nt; t++)
+                for (int q = 0; q < 4; q++)
+                    a[t][q] = vfmaq_f32(a[t][q], w4[q], vld1q_f32(x + t * x_stride + i + 4 * q));
+            i += LANES;
+        }
+#undef WN
+        for (int t = 0; t < nt; t++)
+            for (int q = 0; q < 4; q++) vst1q_f32(acc[t] + 4 * q, vaddq_f32(a[t][q], b[t][q]));
+    } else
 #endif
     {
         float acc2[DOT_TOKENS][LANES];
@@ -560,6 +604,39 @@ dot_q8_n(float *out, const int nt, const int8_t *w, int pitch, const float *ws, 
         return;
     }
     for (int t = 0; t < nt; t++) _mm256_storeu_ps(acc[t], a[t]);
+#elif NEON
+    /* 16 values per step: int8 weights widened to int16, multiply-long-added (vmlal_s16) into four int32
+     * accumulators whose lanes hold groups (0,0,1,1), (2,2,3,3), (4,4,5,5), (6,6,7,7) of the block; vpaddq
+     * then adds each group's pair: the exact integer sums of the loop below. */
+    if (group % 8 == 0) {
+        float32x4_t alo[DOT_TOKENS], ahi[DOT_TOKENS];   /* acc[0..3], acc[4..7] */
+        for (int t = 0; t < nt; t++) alo[t] = ahi[t] = vdupq_n_f32(0.0f);
+        for (; b < nb; b++) {
+            int32x4_t s[DOT_TOKENS][4];
+            for (int t = 0; t < nt; t++) s[t][0] = s[t][1] = s[t][2] = s[t][3] = vdupq_n_s32(0);
+            const int8_t *wb = w + (size_t)b * block / 64 * pitch;
+            for (int p = 0; p < block; p += 16) {
+                const int8x16_t w16 = vld1q_s8(wb + p / 64 * pitch + p % 64);
+                const int16x8_t w0 = vmovl_s8(vget_low_s8(w16)), w1 = vmovl_high_s8(w16);
+                for (int t = 0; t < nt; t++) {
+                    const int16_t *xb = xq + t * xq_stride + (size_t)b * block + p;
+                    const int16x8_t x0 = vld1q_s16(xb), x1 = vld1q_s16(xb + 8);
+                    s[t][0] = vmlal_s16(s[t][0], vget_low_s16(w0), vget_low_s16(x0));
+                    s[t][1] = vmlal_high_s16(s[t][1], w0, x0);
+                    s[t][2] = vmlal_s16(s[t][2], vget_low_s16(w1), vget_low_s16(x1));
+                    s[t][3] = vmlal_high_s16(s[t][3], w1, x1);
+                }
+            }
+            const float32x4_t wlo = vld1q_f32(ws + (size_t)b * 8), whi = vld1q_f32(ws + (size_t)b * 8 + 4);
+            for (int t = 0; t < nt; t++) {   /* acc[k] = fmaf((float)isum[k], ws[k] * xs[k], acc[k]) */
+                const float *xst = xs + t * xs_stride + (size_t)b * 8;
+                const int32x4_t glo = vpaddq_s32(s[t][0], s[t][1]), ghi = vpaddq_s32(s[t][2], s[t][3]);   /* isum[k] */
+                alo[t] = vfmaq_f32(alo[t], vcvtq_f32_s32(glo), vmulq_f32(wlo, vld1q_f32(xst)));
+                ahi[t] = vfmaq_f32(ahi[t], vcvtq_f32_s32(ghi), vmulq_f32(whi, vld1q_f32(xst + 4)));
+            }
+        }
+        for (int t = 0; t < nt; t++) vst1q_f32(acc[t], alo[t]), vst1q_f32(acc[t] + 4, ahi[t]);
+    }
 #endif
     for (int t = 0; t < nt; t++) {
         const int16_t *x = xq + t * xq_stride;
@@ -881,8 +958,10 @@ static int pool_start(Pool *p, int threads) {
 }
 
 int zaya_default_threads(void) {
+#ifdef __linux__   /* (macOS has no affinity masks: its online cores) */
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
@@ -1153,7 +1232,7 @@ void softmax(float *x, int n) {
     float max = x[0];
     for (int i = 1; i < n; i++) if (x[i] > max) max = x[i];
     float sum = 0.0f;
-    for (int i = 0; i < n; i++) { x[i] = expf(x[i] - max); sum += x[i]; }
+    for (int i = 0; i < n; i++) { x[i] = zaya_expf(x[i] - max); sum += x[i]; }
     for (int i = 0; i < n; i++) x[i] /= sum;
 }
 

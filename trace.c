@@ -11,6 +11,7 @@
  */
 #include "trace.h"
 #include "tokenizer.h"
+#include "zmath.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -274,7 +275,7 @@ static void explain_rope(const ZayaTrace *t, int layer) {
     const ZayaConfig *c = &t->m->config;
     const int type = c->layer_types[layer], rot = c->rope_dim[type];
     if (rot < 2) { note(t, "no rotary dims on this layer type (partial_rotary_factor %g)", (double)c->partial_rotary_factor[type]); return; }
-    const float first = (float)t->pos, last = (float)t->pos / powf(c->rope_theta[type], (float)(rot - 2) / (float)rot);
+    const float first = (float)t->pos, last = (float)t->pos / zaya_powf(c->rope_theta[type], (float)(rot - 2) / (float)rot);
     note(t, "dims [0,%d) of every head rotated in pairs (j, j+%d) by pos * theta^(-2j/%d): %.6g rad (j=0) .. %.4g rad (j=%d)",
          rot, rot / 2, rot, (double)first, (double)last, rot / 2 - 1);
     if (rot < c->head_dim) note(t, "dims [%d,%d) unchanged", rot, c->head_dim);

@@ -13,6 +13,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "zaya.h"
 #include "kernels.h"
+#include "zmath.h"
 
 #include <float.h>
 #include <math.h>
@@ -107,13 +108,13 @@ static void tap_scalars(const Batch *b, const char *name, const void *x, int is_
  * 2. The steps (arch §3). Each runs all n tokens of the batch and reports its outputs.
  * ------------------------------------------------------------------------------------------- */
 
-static float gelu(float x) { return x * 0.5f * (1.0f + erff(x * 0.70710678118654752440f)); }   /* exact (erf) GELU */
-static float silu(float x) { return x / (1.0f + expf(-x)); }
+static float gelu(float x) { return x * 0.5f * (1.0f + zaya_erff(x * 0.70710678118654752440f)); }   /* exact (erf) GELU */
+static float silu(float x) { return x / (1.0f + zaya_expf(-x)); }
 
 /* SiLU as the official run computes it: float32 inside, rounded once to bf16; torch 1.13 rounded
  * exp(-x), 1 + exp(-x) and the quotient each. */
 static float silu_held(const Batch *b, float x) {
-    if (b->precision == ZAYA_PRECISION_BF16_TORCH113) return held(b, x / held(b, 1.0f + held(b, expf(-x))));
+    if (b->precision == ZAYA_PRECISION_BF16_TORCH113) return held(b, x / held(b, 1.0f + held(b, zaya_expf(-x))));
     return held(b, silu(x));
 }
 
@@ -332,9 +333,9 @@ static void rope(const Batch *b, int type, float *q, float *key) {
     for (int t = 0; t < b->n; t++) {
         const int pos = b->pos + t;
         for (int j = 0; j < half; j++) {
-            const float inv_freq = 1.0f / powf(c->rope_theta[type], (float)(2 * j) / (float)rot);
-            cos_t[j] = held(b, cosf((float)pos * inv_freq));
-            sin_t[j] = held(b, sinf((float)pos * inv_freq));
+            const float inv_freq = 1.0f / zaya_powf(c->rope_theta[type], (float)(2 * j) / (float)rot);
+            cos_t[j] = held(b, zaya_cosf((float)pos * inv_freq));
+            sin_t[j] = held(b, zaya_sinf((float)pos * inv_freq));
         }
         for (int head = 0; head < nq + nkv; head++) {
             float *x = head < nq ? q + ((size_t)t * nq + head) * d : key + ((size_t)t * nkv + head - nq) * d;

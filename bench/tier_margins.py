@@ -41,10 +41,10 @@ BUGS = {
     "experts x1.02": ("mlp.experts", [(SCALE_EXPERTS[0], SCALE_EXPERTS[1].replace("{S}", "1.02"))]),
     # the kinds porters make
     "cast: RoPE angles in bf16": ("self_attn:query_after_rope", [
-        ("cos_t[j] = held(b, cosf((float)pos * inv_freq));",
-         "cos_t[j] = held(b, cosf(b->layer == {L} ? zaya_round_bf16((float)pos * inv_freq) : (float)pos * inv_freq));"),
-        ("sin_t[j] = held(b, sinf((float)pos * inv_freq));",
-         "sin_t[j] = held(b, sinf(b->layer == {L} ? zaya_round_bf16((float)pos * inv_freq) : (float)pos * inv_freq));")]),
+        ("cos_t[j] = held(b, zaya_cosf((float)pos * inv_freq));",
+         "cos_t[j] = held(b, zaya_cosf(b->layer == {L} ? zaya_round_bf16((float)pos * inv_freq) : (float)pos * inv_freq));"),
+        ("sin_t[j] = held(b, zaya_sinf((float)pos * inv_freq));",
+         "sin_t[j] = held(b, zaya_sinf(b->layer == {L} ? zaya_round_bf16((float)pos * inv_freq) : (float)pos * inv_freq));")]),
     "constant: attention scaled by 1/d": ("self_attn:attn_output", [
         ("const float scale = scalar(b, 1.0f / sqrtf((float)d));",
          "const float scale = scalar(b, b->layer == {L} ? 1.0f / (float)d : 1.0f / sqrtf((float)d));")]),

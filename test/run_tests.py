@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""run_tests.py - runs every test of zaya.c and ends with the line `N passed, N failed`.
+"""run_tests.py - runs every test of zaya.c and ends with the line `N passed, N failed, N skipped`.
 
     python3 test/run_tests.py [--fixtures test/fixtures] [--only NAME] [-j JOBS]
 
@@ -8,8 +8,8 @@ and exits non-zero when anything failed. A test that exits non-zero without prin
 (a crash) counts as one failure. Missing fixtures are a failure, never a skip; `SKIP <name>: <why>` is
 only for a check whose optional tools are not on this machine (counted as skipped, never as passed).
 Tests run two at a time on a machine with two or more cores (-j), each in its own build folder
-(ZAYA_TEST_BUILD, build/test/NAME); their output is printed whole, in the order listed below. The fixtures are the
-compact set in the repository (test/fixtures/README.md): nothing beside the repository is read.
+(ZAYA_TEST_BUILD, build/test/NAME); their output is printed whole, in the order listed below. The
+fixtures are the compact set in the repository (test/fixtures/README.md): nothing beside the repository is read.
 """
 import argparse
 import concurrent.futures
@@ -50,10 +50,12 @@ TESTS = [
     ("bad_input", [sys.executable, "test/test_bad_input.py"]),
     ("fuzz", [sys.executable, "test/test_fuzz.py"]),
     ("bench", [sys.executable, "test/test_bench.py"]),
+    ("zmath", ["build/test_zmath", "test/test_zmath.c"]),
+    ("arm", [sys.executable, "test/test_arm.py"]),
 ]
 
 # started first when tests run in parallel (each takes minutes here)
-SLOW = {"simd", "bf16", "replay", "quantized", "dims", "fuzz", "bad_input", "compare", "engine"}
+SLOW = {"arm", "simd", "bf16", "replay", "quantized", "dims", "fuzz", "bad_input", "compare", "engine"}
 
 
 def run_one(name, cmd, env):

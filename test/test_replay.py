@@ -156,7 +156,7 @@ o_proj2_dump = dump(bf16, "port_o_proj_2pct", "--precision", "bf16-torch1.13", z
 # a cast: the RoPE angles rounded to bf16 before cos and sin (the official code keeps them float32); over 38
 # positions it moves under 1 % of the rotated values, inside the bf16 envelope: only the step check finds it
 cast = mutant("rope_angles_bf16", [(f"{f}((float)pos * inv_freq));", f"{f}(b->layer == {MID} ? zaya_round_bf16((float)pos * "
-                                    f"inv_freq) : (float)pos * inv_freq));") for f in ("cos_t[j] = held(b, cosf", "sin_t[j] = held(b, sinf")])
+                                    f"inv_freq) : (float)pos * inv_freq));") for f in ("cos_t[j] = held(b, zaya_cosf", "sin_t[j] = held(b, zaya_sinf")])
 cast_dump = dump(bf16, "port_rope_cast", "--precision", "bf16-torch1.13", zaya=cast or "false")
 # legitimate: every Linear output moved by a few float32 ulps before its bf16 rounding (torch summing in another order)
 other_order = mutant("linear_other_order", [("    held_rows(b, y, w->rows, w->rows, b->n);\n    tap(b, name, y, w->rows, w->rows, 0);",
