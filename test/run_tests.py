@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""run_tests.py - runs every test of zaya.c and ends with the line `N passed, N failed, N skipped`.
+"""run_tests.py - runs every test of zaya.c and ends with the line `N passed, N failed` (`, N skipped` after it
+when a check was skipped).
 
     python3 test/run_tests.py [--fixtures test/fixtures] [--only NAME] [-j JOBS]
 
