@@ -19,7 +19,7 @@ import subprocess
 
 from . import local
 from .dumps import Dump, InputError, guarded
-from .metrics import fmt, logits_rows_stats
+from .metrics import common_vocabulary, fmt, logits_rows_stats
 from .names import LAYER_OUTPUT
 
 
@@ -51,7 +51,7 @@ def logits_summary(a, b):
         return None
     sa, x = a.load("logits")
     _, y = b.load("logits")
-    x, y = x.reshape(sa[0], -1), y.reshape(sa[0], -1)
+    x, y = common_vocabulary(x.reshape(sa[0], -1), y.reshape(sa[0], -1))
     ia, ib, kl = logits_rows_stats(x, y, k=1)
     return sum(p[0] == q[0] for p, q in zip(ia, ib)), len(ia), float(kl.mean())
 
@@ -103,6 +103,8 @@ def quant_main(args):
     if lw and lp:
         print(f"logits vs exact: weights alone top-1 {lw[0]}/{lw[1]}, KL {lw[2]:.3g}; port top-1 {lp[0]}/{lp[1]}, "
               f"KL {lp[2]:.3g}")
+    local.write_json(args, dict(local.layers_json("quant", 1 if first else 0, first, rows),
+                                quant_local={str(k): v for k, v in qlocal_by_layer.items()}))
     if first:
         layer, name, e, gate, ee = first
         print(f"\nVERDICT: layer {layer}, {name} adds error the weights do not explain\n"
