@@ -13,7 +13,10 @@ within a rounding-error bound of the arithmetic a port may legitimately use:
 A step computed more exactly than the official code passes by construction; a step that computes
 something else (another constant, a missing term, another index, an angle cast to bf16, a tanh GELU
 where the official code uses erf) moves elements past the bound. A tap departs when more than
-STEP_FRACTION of its elements are past their bound. What it cannot see: a bug smaller than the rounding it
+STEP_FRACTION of its elements are past their bound, or when its errors are larger than legitimate rounding
+on the whole: the rms over elements of (port - exact) / sd, sd the standard deviation the same model
+predicts (each rounding uniform within its half-ulp, independent), exceeds Z_LIMIT (a product scaled by 2 %
+stays inside every element's bound but not inside the statistics of rounding). What it cannot see: a bug smaller than the rounding it
 allows (e.g. a product scaled by less than about an ulp), a tap whose inputs the port did not dump, the
 attention and convolution steps (not modelled: tier 2 judges them).
 
@@ -28,7 +31,8 @@ import numpy as np
 U32 = 2.0 ** -24        # float32 unit roundoff
 U_BF16 = 2.0 ** -8      # bf16 unit roundoff (8 significant bits)
 LAMBDA = 4.0            # Higham-Mary: |error| <= lambda sqrt(n) u sum|w||x| with high probability (lambda ~ 1)
-STEP_FRACTION = 0.001   # a tap departs when more than this fraction of its elements are past their bound
+STEP_FRACTION = 0.001   # a tap departs when more than this fraction of its elements are past their bound,
+Z_LIMIT = 2.0           # ... or when the rms of its errors over their predicted standard deviation exceeds this
 
 
 class Blob:
@@ -189,7 +193,8 @@ def router_scores(ctx, layer):
     p, b = ctx.tap(f"model.layers.{layer}.mlp.gate:router_probs"), ctx.w(layer, "mlp.gate.balancing_biases")
     if p is None or b is None:
         return None
-    return p + b, U32 * (np.abs(p) + np.abs(b))
+    # the biases are float32 in the checkpoint; transformers loading in bf16 rounds them (a bf16 buffer)
+    return p + b, U32 * (np.abs(p) + np.abs(b)) + ctx.u * np.abs(b)
 
 
 def router_weight(ctx, layer):
@@ -336,7 +341,7 @@ def experts(ctx, layer):
         return None
     idx = np.asarray(ctx.port.load(p + "mlp.gate.router_indices")[1]).reshape(-1)
     E, I = GU.shape[0], GU.shape[1] // 2
-    y, bound = np.zeros_like(h), np.zeros_like(h)
+    y, bound, sd = np.zeros_like(h), np.zeros_like(h), np.zeros_like(h)
     u = ctx.u
     for t in range(h.shape[0]):
         e, w = int(idx[t]), float(wt[t, 0])
@@ -358,7 +363,10 @@ def experts(ctx, layer):
             + LAMBDA * math.sqrt(GU.shape[2]) * U32 * (np.abs(GU[e][:I]) @ np.abs(h[t]) * dsil * np.abs(up))
         bound[t] = abs(w) * (LAMBDA * np.sqrt(np.square(D[e]) @ np.square(e_hid)) + u * np.abs(m) + LAMBDA * math.sqrt(I) * U32 * (np.abs(D[e]) @ np.abs(hid))) \
             + u * np.abs(y[t])
-    return y, bound
+        # the standard deviation of the same errors, each uniform within its rounding (variance e^2 / 3)
+        var_hid = (u * u / 3) * (np.square(g * dsil * up) + 5 * np.square(hid))
+        sd[t] = np.sqrt(w * w * (np.square(D[e]) @ var_hid + np.square(u * m) / 3) + np.square(u * y[t]) / 3)
+    return y, bound, sd
 
 
 STEPS = {
@@ -397,7 +405,10 @@ def check_tap(ctx, name, rows=None):
     port = ctx.tap(name)
     if got is None or port is None:
         return None
-    exact, extra = got
+    exact, extra = got[:2]
+    # the standard deviation of the legitimate error besides the storage rounding: a model's own, or its bound
+    # taken as a uniform error (variance bound^2 / 3; a product's bound is LAMBDA standard deviations)
+    sd = got[2] if len(got) > 2 else extra / (LAMBDA if short in LINEARS else math.sqrt(3))
     if exact.shape != port.shape:
         return None
     keep = np.isfinite(exact).all(axis=1)
@@ -406,14 +417,14 @@ def check_tap(ctx, name, rows=None):
         sel[[t for t in rows if t < len(keep)]] = True
         keep &= sel
     storage = storage_of(port)
-    ex, pr, ext = exact[keep], port[keep], extra[keep]
+    ex, pr, ext, sde = exact[keep], port[keep], extra[keep], sd[keep]
     if not ex.size:
         return None
-    bound = storage_ulp(ex, storage) + ext
-    ratio = np.abs(pr - ex) / bound
+    ulp = storage_ulp(ex, storage)
+    ratio = np.abs(pr - ex) / (ulp + ext)
     ratio[np.isnan(pr)] = np.inf
     at = int(np.argmax(ratio)) if ratio.size else 0
-    fin = ratio[np.isfinite(ratio)]
-    rms = float(np.sqrt(np.mean(np.square(fin)))) if fin.size == ratio.size else float("inf")
+    z = (pr - ex) / np.sqrt(np.square(ulp) / 12 + np.square(sde))
+    rms = float(np.sqrt(np.mean(np.square(z)))) if np.all(np.isfinite(z)) else float("inf")
     return {"storage": storage, "judged": int(ratio.size), "past": int((ratio > 1).sum()), "rms": rms,
             "worst": float(ratio.max()), "at": int(np.flatnonzero(keep)[at // ex.shape[1]])}

@@ -385,12 +385,13 @@ def judge_tiers(args, port, reps):
         if beyond > TIER1_FRACTION * size and first1 is None:
             first1 = (name, f"{beyond} of {size} elements more than {TIER1_ULPS} bf16 ulps from zaya.c's {variant} "
                             f"replay (largest {t['max_ulps']:.3g} ulps; at most {TIER1_FRACTION:.0%} computes like it)")
-        if step and step["past"] > STEP_FRACTION * step["judged"] and step_first is None:
-            step_first = (name, f"the step recomputed exactly from the port's own inputs: {step['past']} of "
-                                f"{step['judged']} elements are past the rounding-error bound of legitimate arithmetic "
-                                f"(1 {step['storage']} ulp of the exact value + the roundings a bf16 port may do; largest "
-                                f"{step['worst']:.3g}x the bound, at position {step['at']}; limit {STEP_FRACTION:.1%} "
-                                f"of the elements)")
+        if step and step_first is None and (step["past"] > STEP_FRACTION * step["judged"] or step["rms"] > legit.Z_LIMIT):
+            step_first = (name, f"the step recomputed exactly (float64) from the port's own inputs: {step['past']} of "
+                                f"{step['judged']} elements past the rounding-error bound of legitimate arithmetic (1 "
+                                f"{step['storage']} ulp of the exact value + the roundings a bf16 port may do; largest "
+                                f"{step['worst']:.3g}x its bound, at position {step['at']}; limit {STEP_FRACTION:.1%} of the "
+                                f"elements); errors / their predicted standard deviation: rms {step['rms']:.3g} (limit "
+                                f"{legit.Z_LIMIT:g})")
         if t["ratio"] > TIER2_FACTOR and first2 is None:
             first2 = (name, f"local error {fmt(error)} = {t['ratio']:.3g} x the envelope {fmt(envelope)} of the "
                             f"legitimate placements (limit {TIER2_FACTOR:g}x)")
@@ -400,7 +401,8 @@ def judge_tiers(args, port, reps):
             "closest": min(closeness, key=closeness.get) if taps else None, "located": located,
             "stepped": sum(1 for t in taps if t.get("step")),
             "max_ratio": max([t["ratio"] for t in taps if "ratio" in t] or [0.0]),
-            "step_worst": max([t["step"]["worst"] for t in taps if t.get("step")] or [0.0])}
+            "step_worst": max([t["step"]["worst"] for t in taps if t.get("step")] or [0.0]),
+            "step_rms": max([t["step"]["rms"] for t in taps if t.get("step")] or [0.0])}
 
 
 def report_tiers(args, port, ref, res):
@@ -437,7 +439,8 @@ def report_tiers(args, port, ref, res):
                 st = t.get("step")
                 print(f"  {t['name']:60s} tier 1 {t['beyond']:>7}/{t['size']:<7} ({t['variant']})  tier 2 {t['error']:.3g} / "
                       f"{t['envelope']:.3g} = {t['ratio']:.3g}x  closest: {t['closest']}"
-                      + (f"  step: {st['past']}/{st['judged']} past the bound (largest {st['worst']:.2g}x, {st['storage']})"
+                      + (f"  step: {st['past']}/{st['judged']} past the bound (largest {st['worst']:.2g}x, rms z "
+                         f"{st['rms']:.2g}, {st['storage']})"
                          if st else "  step: not modelled or an input not dumped"))
     if res["tier1_first"] is None:
         print(f"\nTIER 1: computes like the official bf16 code at every tap (within {TIER1_ULPS} bf16 ulps of zaya.c's "
@@ -448,7 +451,8 @@ def report_tiers(args, port, ref, res):
               f"other legitimate arithmetic departs from it too")
     print(f"STEP CHECK: {res['stepped']} taps recomputed exactly from the port's own inputs; "
           + ("every one within the rounding-error bound of legitimate arithmetic" if res["step_first"] is None else
-             f"first past the bound: {res['step_first'][0]}") + f" (largest element {res['step_worst']:.3g}x its bound)")
+             f"first past the bound: {res['step_first'][0]}") + f" (largest element {res['step_worst']:.3g}x its bound, "
+          f"largest rms error / predicted sd {res['step_rms']:.3g}, limit {legit.Z_LIMIT:g})")
     print(f"TIER 2: closest legitimate placement: {res['closest']}; "
           + ("every tap within the placements' envelope" if res["tier2_first"] is None else
              f"first past the envelope: {res['tier2_first'][0]}") + f" (largest ratio {res['max_ratio']:.3g}x, "
