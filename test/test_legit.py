@@ -17,6 +17,10 @@
    --quant says so before its verdict; an int8 blob given as the port's weights is said; a U32-packed tensor
    gets the quantized-checkpoint hint (not "published in BF16"); the plain comparison of a port that
    diverges points to --local and --quant.
+6. The real port through every view: the recorded capture of llama.cpp's ZAYA port (test/fixtures/llama_capture,
+   F32 GGUF, skip class forbidden as the port routes): --local and --quant name layer 0's grouped convolution
+   (its F16 im2col), --envelope names the sliding layers' RoPE (the port's one RoPE base), and portmap --steps
+   names the router's GELU at its act_fn:fc1 tap (ggml_gelu's tanh table).
 """
 import json
 import os
@@ -154,4 +158,33 @@ ref = dump(fp32, "ref8", ids=",".join(IDS.split(",")[:8]))
 rc, text = compare(other, ref)
 check(rc == 1 and "RESULT: DIVERGED" in text and "--quant" in text and "--local" in text,
       "the plain comparison of a diverging port points to --local and --quant", text[-500:])
+
+# 6. the real port's recorded capture through every view
+CAP = need_fixtures("llama_capture", "compact-f32")
+cap_ids = ",".join(map(str, json.load(open(os.path.join(CAP, "index.json")))["tokens"]))
+lport = os.path.join(OUT, "llama_port")
+rc, _, err = run([sys.executable, "-m", "zaya_compare.portmap", os.path.join("maps", "llama.cpp-zaya1.json"), CAP, lport])
+check(rc == 0, "the llama.cpp map converts the recorded capture", err[-300:])
+noskip = {}
+for name, blob in (("fp32", fp32), ("bf16", bf16)):
+    noskip[name] = os.path.join(OUT, name + "_noskip.bin")
+    rc, _, err = run([sys.executable, "tools/forbid_skip.py", blob, noskip[name]])
+    check(rc == 0, f"tools/forbid_skip.py {name}", err[-300:])
+GRP = "model.layers.0.self_attn.qkv_proj.conv_qk_grouped"
+rc, text = compare("--local", lport, "--model", noskip["fp32"], "--replay-out", os.path.join(OUT, "ll"), "--verbose")
+report = os.path.join(OUT, "llama_local.txt")
+open(report, "w").write(text)
+check(rc == 1 and f"FIRST LOCAL ERROR: layer 0, {GRP}\n" in text, "real port, --local: layer 0's grouped convolution",
+      text[-400:])
+rc, out, err = run([sys.executable, "-m", "zaya_compare.portmap", "--steps", report])
+check(rc == 0 and any(ln.split()[:1] == ["mlp.gate.router_mlp.act_fn:fc1"] for ln in out.splitlines()),
+      "real port, portmap --steps: the router's GELU named at its act_fn:fc1 tap", (out + err)[-600:])
+rc, text = compare("--quant", lport, "--model", noskip["fp32"], "--exact", fp32, "--replay-out", os.path.join(OUT, "lq"),
+                   "--json", os.path.join(OUT, "lq.json"))
+check(rc == 1 and f"VERDICT: layer 0, {GRP} adds error" in text and "Traceback" not in text,
+      "real port, --quant: the same step, on the port's own weights", text[-400:])
+ref, env = dump(noskip["fp32"], "llama_ref", ids=cap_ids), dump(noskip["bf16"], "llama_env", "--precision", "bf16", ids=cap_ids)
+rc, text = compare(lport, ref, "--envelope", env)
+check(rc == 1 and "exceeds it first at model.layers.0.self_attn:query_after_rope" in text,
+      "real port, --envelope: exceeds the bf16 envelope first at the sliding layer's RoPE (one RoPE base)", text[-400:])
 finish()
