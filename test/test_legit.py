@@ -15,8 +15,8 @@
 4. --json OUT is written by --local and --quant (before: silently ignored).
 5. The frictions of a new porter: a --weights file that leaves matrices out lists them (NOT replaced) and
    --quant says so before its verdict; an int8 blob given as the port's weights is said; a U32-packed tensor
-   gets the quantized-checkpoint hint (not "published in BF16"); the plain comparison of a port that
-   diverges points to --local and --quant.
+   gets the quantized-checkpoint hint (not "published in BF16"); a port without :router_state taps is said;
+   the plain comparison of a port that diverges points to --local and --quant.
 6. The real port through every view: the recorded capture of llama.cpp's ZAYA port (test/fixtures/llama_capture,
    F32 GGUF, skip class forbidden as the port routes): --local and --quant name layer 0's grouped convolution
    (its F16 im2col), --envelope names the sliding layers' RoPE (the port's one RoPE base), and portmap --steps
@@ -84,7 +84,7 @@ check(rc == 1 and f"FIRST LOCAL ERROR: layer 3, {tap}\n" in text and f"first pas
       "the router's tanh GELU in layer 3 is located at its act_fn:fc1 tap by the step check", text[-700:])
 try:
     doc = json.load(open(os.path.join(OUT, "gelu.json")))
-    ok = doc.get("located", [None])[0] == tap and doc.get("exit") == 1
+    ok = (doc.get("located") or [None])[0] == tap and doc.get("exit") == 1
 except (OSError, ValueError) as e:
     ok, doc = False, str(e)
 check(ok, "--local --bf16 --json OUT writes the verdict and every tap", str(doc)[:300])
@@ -147,12 +147,23 @@ check(rc == 0 and "NOT replaced" in out + err and "mlp.experts.gate_up_proj (lay
       "--weights that leaves matrices out lists them (NOT replaced, with their layers)", (out + err)[-600:])
 rc, text = compare("--quant", narrow, "--model", os.path.join(OUT, "one.bin"), "--exact", fp32, "--replay-out",
                    os.path.join(OUT, "q1"))
-check("keeps these matrices at the checkpoint's values" in text and "mlp.experts.gate_up_proj" in text
+check("keeps these matrices at the checkpoint's values" in text and "experts.gate_up_proj:0-5" in text
       and text.index("keeps these matrices") < text.index("VERDICT"),
       "--quant says which matrices the port's weights left at the checkpoint's values, before its verdict", text[-800:])
 int8 = export("int8", "--dtype", "int8")
 rc, text = compare("--quant", narrow, "--model", int8, "--exact", fp32, "--replay-out", os.path.join(OUT, "q2"))
 check("int8 groups" in text and "VERDICT" in text, "--quant with an int8 blob as the port's weights says so", text[-600:])
+stateless = os.path.join(OUT, "port_stateless")      # a port that dumps no EDA state (mlp.gate:router_state)
+shutil.copytree(narrow, stateless)
+index = json.load(open(os.path.join(stateless, "index.json")))
+index["tensors"] = [t for t in index["tensors"] if not t["name"].endswith(":router_state")]
+json.dump(index, open(os.path.join(stateless, "index.json"), "w"))
+for f in os.listdir(stateless):
+    if f.endswith("router_state.npy"):
+        os.remove(os.path.join(stateless, f))
+rc, text = compare("--quant", stateless, "--model", fp32, "--exact", bf16, "--replay-out", os.path.join(OUT, "q3"))
+check("no mlp.gate:router_state" in text and "dump :router_state" in text and "VERDICT" in text,
+      "--quant of a port without :router_state taps says its routers start from zaya.c's state", text[-600:])
 other = dump(os.path.join(OUT, "one.bin"), "port_other", ids=",".join(IDS.split(",")[:8]))
 ref = dump(fp32, "ref8", ids=",".join(IDS.split(",")[:8]))
 rc, text = compare(other, ref)

@@ -430,6 +430,9 @@ def report_tiers(args, port, ref, res):
               f"{fmt(out['envelope']) if out else '-':>13}  {fmt(e2e) if e2e is not None else '-':>10}  {route:>9}  "
               f"{short(w1['name']) + ' ' + str(w1['beyond']) + '/' + str(w1['size']):>40}  "
               f"{short(w2['name'])} {w2['ratio']:.2g}x")
+    if res["located"]:
+        print("  (worst taps = the largest in the layer; FIRST LOCAL ERROR below is the first tap past its limit in "
+              "execution order: the taps after it inherit its error)")
     if any(t.get("near") for t in res["taps"]):
         print("  * a near-tie: the port and the official replays route a position differently at a margin below "
               f"{args.near_tie}; that position is left out of the layer's later taps")

@@ -134,6 +134,12 @@ def quant_main(args):
     print(f"EXACT   {exact.folder}: zaya.c on the checkpoint ({args.exact})")
     print(f"WEIGHTS {weights.folder}: zaya.c on the port's weights ({args.model})")
     print(f"REPLAY  {replay.folder}: zaya.c on the port's weights, each layer from the port's own input to it")
+    rs = replay.index.get("replay", {}).get("router_state_from_port") or []
+    computed = [i for i, v in enumerate(rs) if i > 0 and not v]
+    if computed:
+        print(f"note: the port's dump has no mlp.gate:router_state (the EDA state) for layers {computed}: their router "
+              f"starts from zaya.c's state of the layer before, so a layer whose own computation is right can show a local "
+              f"error and routing flips there; dump :router_state to judge each router on the port's own state")
     rows, first, names = local.judge_layers(args, port, replay, env, exact)
     print("\nper layer (rel L2 of the layer output; end to end against zaya.c on the exact checkpoint; local = from the"
           "\nsame input to the layer):")
@@ -148,6 +154,9 @@ def quant_main(args):
         q = qlocal_by_layer[layer] = local.local_error(weights, qlocal, name)
         tap = f"{worst[0].split('.', 3)[3]} {worst[1] / worst[3]:.2g}x" if worst and worst[1] > 0 else "-"
         print(f"{layer:>5}  {fmt(w):>13}  {fmt(p):>9}  {fmt(pw):>15}  {fmt(q):>11}  {fmt(out[1]) if out else '-':>10}  {tap}")
+    if first:
+        print("  (worst tap = the tap with the largest local error / tolerance in the layer; the verdict names the first "
+              "tap past its tolerance in execution order: the taps after it inherit its error)")
     notes, kept = weights_notes(args.model)
     for n in notes:
         print(n)
