@@ -66,23 +66,28 @@ class Blob:
             self.dir[name] = (dtype, shape, off, size)
         self.cache = {}
 
+    def raw(self, name):
+        """The tensor as stored, mapped (float32, or bf16 as uint16: f64() converts a slice), or None when it is
+        absent or of another dtype (int8, FP8, MXFP4: the step check does not judge products of those)."""
+        if name not in self.dir or self.dir[name][0] not in (0, 1):
+            return None
+        dtype, shape, off, size = self.dir[name]
+        return np.memmap(self.path, dtype="<f4" if dtype == 0 else "<u2", mode="r", offset=off, shape=tuple(shape))
+
     def get(self, name):
-        """float64 array of a float32 or bf16 tensor, or None (absent, or another dtype: int8, FP8, MXFP4)."""
-        if name in self.cache:
-            return self.cache[name]
-        x = None
-        if name in self.dir and self.dir[name][0] in (0, 1):
-            dtype, shape, off, size = self.dir[name]
-            with open(self.path, "rb") as f:
-                f.seek(off)
-                raw = f.read(size)
-            if dtype == 0:
-                x = np.frombuffer(raw, dtype="<f4").astype(np.float64)
-            else:
-                x = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-            x = x.reshape(shape)
-        self.cache[name] = x
-        return x
+        """float64 copy of a small float32 or bf16 tensor (cached), or None."""
+        if name not in self.cache:
+            x = self.raw(name)
+            self.cache[name] = None if x is None else f64(x)
+        return self.cache[name]
+
+
+def f64(x):
+    """float64 of a float32 array or of bf16 bits held as uint16."""
+    x = np.asarray(x)
+    if x.dtype == np.uint16:
+        return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return x.astype(np.float64)
 
 
 def storage_of(x):
@@ -321,9 +326,11 @@ LINEARS = {   # tap -> (weight, bias or None, input tap)
 
 def linear(ctx, layer, tap):
     module, src = LINEARS[tap]
-    x, W, b = ctx.tap(f"model.layers.{layer}.{src}"), ctx.w(layer, module + ".weight"), ctx.w(layer, module + ".bias")
+    x, W, b = ctx.tap(f"model.layers.{layer}.{src}"), ctx.blob.raw(f"model.layers.{layer}.{module}.weight"), \
+        ctx.w(layer, module + ".bias")
     if x is None or W is None or W.ndim != 2 or W.shape[1] != x.shape[1]:
         return None
+    W = f64(W)
     y = x @ W.T
     mag = np.abs(x) @ np.abs(W).T
     bound = LAMBDA * math.sqrt(W.shape[1]) * U32 * mag
@@ -336,37 +343,43 @@ def linear(ctx, layer, tap):
 def experts(ctx, layer):
     p = f"model.layers.{layer}."
     h, wt = ctx.tap(p + "post_attention_layernorm"), ctx.tap(p + "mlp.gate:router_weight")
-    GU, D = ctx.w(layer, "mlp.experts.gate_up_proj"), ctx.w(layer, "mlp.experts.down_proj")
-    if h is None or wt is None or GU is None or D is None or not ctx.port.has(p + "mlp.gate.router_indices"):
+    GUs, Ds = ctx.blob.raw(f"{p}mlp.experts.gate_up_proj"), ctx.blob.raw(f"{p}mlp.experts.down_proj")
+    if h is None or wt is None or GUs is None or Ds is None or not ctx.port.has(p + "mlp.gate.router_indices"):
         return None
     idx = np.asarray(ctx.port.load(p + "mlp.gate.router_indices")[1]).reshape(-1)
-    E, I = GU.shape[0], GU.shape[1] // 2
-    y, bound, sd = np.zeros_like(h), np.zeros_like(h), np.zeros_like(h)
+    E, I = GUs.shape[0], GUs.shape[1] // 2
+    y, bound, sd = np.full_like(h, np.nan), np.zeros_like(h), np.zeros_like(h)
     u = ctx.u
-    for t in range(h.shape[0]):
-        e, w = int(idx[t]), float(wt[t, 0])
-        if e >= E:   # the skip class: 0 (upstream) or P[skip] h (Zyphra's fork): not judged here
-            y[t] = np.nan
-            continue
-        gu = GU[e] @ h[t]
-        g, up = gu[:I], gu[I:]
-        sig = 1.0 / (1.0 + np.exp(-g))
-        act = g * sig
-        hid = act * up
-        m = D[e] @ hid
-        y[t] = w * m
-        # gate and up rounded (relative u, through SiLU's slope), SiLU rounded (torch 1.13: three roundings),
-        # the product rounded; float32 sums; the down product and the weight's product rounded. The hidden
-        # values' rounding errors are independent: through down_proj they add up as a root sum of squares
-        dsil = np.abs(sig * (1 + g * (1 - sig)))
-        e_hid = u * (np.abs(g) * dsil * np.abs(up) + 4 * np.abs(act * up) + np.abs(hid)) \
-            + LAMBDA * math.sqrt(GU.shape[2]) * U32 * (np.abs(GU[e][:I]) @ np.abs(h[t]) * dsil * np.abs(up))
-        bound[t] = abs(w) * (LAMBDA * np.sqrt(np.square(D[e]) @ np.square(e_hid)) + u * np.abs(m) + LAMBDA * math.sqrt(I) * U32 * (np.abs(D[e]) @ np.abs(hid))) \
-            + u * np.abs(y[t])
-        # the standard deviation of the same errors, each uniform within its rounding (variance e^2 / 3)
-        var_hid = (u * u / 3) * (np.square(g * dsil * up) + 5 * np.square(hid))
-        sd[t] = np.sqrt(w * w * (np.square(D[e]) @ var_hid + np.square(u * m) / 3) + np.square(u * y[t]) / 3)
+    # the skip class (e = E: 0 upstream, P[skip] h in Zyphra's fork) is not judged here; the chosen experts one at
+    # a time, float64, read from the mapped blob
+    for e in sorted({int(x) for x in idx[:h.shape[0]] if 0 <= x < E}):
+        GU, D = f64(GUs[e]), f64(Ds[e])
+        for t in np.flatnonzero(idx[:h.shape[0]] == e):
+            expert_row(u, I, GU, D, h[t], float(wt[t, 0]), t, y, bound, sd)
     return y, bound, sd
+
+
+def expert_row(u, I, GU, D, x, w, t, y, bound, sd):
+    """One position's expert output w D (SiLU(gate) up), [gate; up] = GU x, with its bound and standard deviation,
+    into row t of y, bound and sd."""
+    gu = GU @ x
+    g, up = gu[:I], gu[I:]
+    sig = 1.0 / (1.0 + np.exp(-g))
+    act = g * sig
+    hid = act * up
+    m = D @ hid
+    y[t] = w * m
+    # gate and up rounded (relative u, through SiLU's slope), SiLU rounded (torch 1.13: three roundings), the
+    # product rounded; float32 sums; the down product and the weight's product rounded. The hidden values'
+    # rounding errors are independent: through down_proj they add up as a root sum of squares
+    dsil = np.abs(sig * (1 + g * (1 - sig)))
+    e_hid = u * (np.abs(g) * dsil * np.abs(up) + 4 * np.abs(act * up) + np.abs(hid)) \
+        + LAMBDA * math.sqrt(GU.shape[1]) * U32 * (np.abs(GU[:I]) @ np.abs(x) * dsil * np.abs(up))
+    bound[t] = abs(w) * (LAMBDA * np.sqrt(np.square(D) @ np.square(e_hid)) + u * np.abs(m)
+                         + LAMBDA * math.sqrt(I) * U32 * (np.abs(D) @ np.abs(hid))) + u * np.abs(y[t])
+    # the standard deviation of the same errors, each uniform within its rounding (variance e^2 / 3)
+    var_hid = (u * u / 3) * (np.square(g * dsil * up) + 5 * np.square(hid))
+    sd[t] = np.sqrt(w * w * (np.square(D) @ var_hid + np.square(u * m) / 3) + np.square(u * y[t]) / 3)
 
 
 STEPS = {
