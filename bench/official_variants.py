@@ -4,8 +4,7 @@
     /work/venv/bin/python bench/official_variants.py CKPT_DIR --ids 2,818,... --out DIR VARIANT[:LAYER] ...
 
 Runs transformers' ZayaForCausalLM (eager attention, one full-sequence forward) in the precision a variant
-names and writes a dump with tools/golden_hf.py's hooks plus the router MLP's two GELU outputs
-(mlp.gate.router_mlp.act_fn:fc1 / :fc2; the one act_fn module runs twice per router). Legitimate runs and
+names and writes a dump with tools/golden_hf.py's hooks (the router MLP's two GELU outputs included). Legitimate runs and
 bugs for the margins of the step check (docs/compare.md §9, bench/README.md); torch and transformers
 needed (not a test):
 
@@ -57,8 +56,8 @@ def main():
                 return y.to(torch.bfloat16) if out_bf16 else y
             modeling_zaya.ZayaResidualScaling.forward = scaling
         L = model.model.layers[layer] if layer is not None else None
-        if kind == "gelu_tanh":
-            L.mlp.gate.router_mlp.act_fn = torch.nn.GELU(approximate="tanh")
+        if kind == "gelu_tanh":   # the module's own approximation switched (the hooks stay on the same module)
+            L.mlp.gate.router_mlp.act_fn.approximate = "tanh"
         elif kind in ("o_proj_2pct", "experts_2pct"):
             mod = L.self_attn.o_proj if kind == "o_proj_2pct" else L.mlp.experts
             mod.register_forward_hook(lambda m, i, o: o * 1.02)
@@ -76,14 +75,6 @@ def main():
         golden_hf.install_hooks(model, rec, cfg.num_hidden_layers, cfg.num_experts, cfg.num_attention_heads,
                                 cfg.num_key_value_heads, cfg.head_dim)
         golden_hf.wrap_rope(modeling_zaya, rec)
-        for i, lay in enumerate(model.model.layers):
-            calls = []
-
-            def act(module, inputs, output, i=i, calls=calls):
-                calls.append(1)
-                which = "fc1" if len(calls) % 2 == 1 else "fc2"
-                rec.add(f"model.layers.{i}.mlp.gate.router_mlp.act_fn:{which}", golden_hf.drop_batch(output))
-            lay.mlp.gate.router_mlp.act_fn.register_forward_hook(act)
         with torch.no_grad():
             rec.tokens_in_call = len(ids)
             out = model(input_ids=torch.tensor([ids]), use_cache=True)
