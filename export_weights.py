@@ -120,7 +120,11 @@ class SafetensorsFile:
                 fail("tensor entry is not an object", where)
             dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
             if dtype not in ST_DTYPE_SIZE and dtype not in QUANT_ST_DTYPE_SIZE:
+                packed = dtype in ("U32", "I32", "U16", "I16", "U8", "I8", "U4", "I4")
                 fail("unsupported tensor dtype", where, "one of " + ", ".join(ST_DTYPE_SIZE), dtype,
+                     "packed integers: a quantized checkpoint (MLX 4-bit packs 8 values per U32, with .scales and "
+                     ".biases beside); write the weights dequantized (the values the port computes with) as F32/F16/"
+                     "BF16 safetensors and give them with --weights (docs/compare.md §10)" if packed else
                      "ZAYA checkpoints are published in BF16")
             if (not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape)
                     or len(shape) > 4):
@@ -966,7 +970,14 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     provenance = {"exporter": EXPORTER_VERSION, "source": os.path.basename(os.path.abspath(ckpt)),
                   "layout": layout, "dtype": wformat}
     if replaced:
-        provenance["weights"] = ",".join(os.path.basename(p) for p in port_weights)[:200]
+        provenance["weights"] = ",".join(os.path.basename(p) for p in port_weights)[:100]
+        # the matrices left at the checkpoint's values, short: "o_proj:1-5,experts.gate_up_proj:0-5" (--quant says it)
+        kept = ",".join(f"{re.sub(r'^(self_attn|mlp)[.](qkv_proj[.]|gate[.](router_mlp[.])?)?', '', k)[:-7] if k.endswith('.weight') else re.sub(r'^mlp[.]', '', k)}"
+                        + (":" + layer_list(v).split(" ", 1)[1] if layer_list(v) != "global" else "")
+                        for k, v in kept_matrices(plan, replaced).items())
+        room = 500 - len(json.dumps(dict(provenance, kept=""), sort_keys=True).encode())
+        provenance["kept"] = kept if len(kept) <= room else kept[:max(room - 3, 0)] + "..."
+
     if is_gguf(ckpt):
         provenance["layout"] = "gguf (llama.cpp ZAYA port, legacy half-layers)"
     if native:
@@ -1444,7 +1455,31 @@ def replace_with_port_weights(plan, where, paths, wformat, log):
     for name, shape, kind, srcs in new_plan:
         if name in replaced:
             log(f"  replaced {name} {list(shape)} ({port[name].tensors[name][0]}, stored {replaced[name]})")
+    kept = kept_matrices(new_plan, replaced)
+    if kept:
+        log(f"NOT replaced (kept at the checkpoint's values): {sum(len(v) for v in kept.values())} matrices: "
+            + "; ".join(f"{k} ({layer_list(v)})" for k, v in kept.items())
+            + "\n  if the port quantizes these too, add them to the port's weights: --quant and --local judge the port "
+              "against these values, and a quantized tensor left here reads as a bug where it is used")
     return new_plan, where, replaced
+
+
+def kept_matrices(plan, replaced):
+    """{name without its layer: [layers]} of the matrices (kind matrix) the port's weights left out."""
+    kept = {}
+    for name, shape, kind, srcs in plan:
+        if kind == "matrix" and name not in replaced:
+            m = re.match(r"model\.layers\.(\d+)\.(.*)$", name)
+            kept.setdefault(m.group(2) if m else name, []).append(int(m.group(1)) if m else -1)
+    return kept
+
+
+def layer_list(layers):
+    ls = sorted(x for x in layers if x >= 0)
+    if not ls:
+        return "global"
+    return f"layers {ls[0]}-{ls[-1]}" if ls == list(range(ls[0], ls[-1] + 1)) and len(ls) > 2 else \
+        "layers " + ",".join(map(str, ls))
 
 
 def port_name_hint(n, expected):

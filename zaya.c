@@ -440,8 +440,10 @@ static void router(const Batch *b, const ZayaLayer *L, const float *h, float *rh
             b->c->router_norm_eps);
     linear(b, "mlp.gate.router_mlp.fc1", act->router_fc1, &L->router_fc1, L->router_fc1_bias, act->router_normed);
     gelu_held(b, act->router_fc1, nR);
+    tap(b, "mlp.gate.router_mlp.act_fn:fc1", act->router_fc1, b->c->router_hidden, b->c->router_hidden, 0);
     linear(b, "mlp.gate.router_mlp.fc2", act->router_fc2, &L->router_fc2, L->router_fc2_bias, act->router_fc1);
     gelu_held(b, act->router_fc2, nR);
+    tap(b, "mlp.gate.router_mlp.act_fn:fc2", act->router_fc2, b->c->router_hidden, b->c->router_hidden, 0);
     linear(b, "mlp.gate.router_mlp", act->router_logits, &L->router_out_proj, NULL, act->router_fc2);   /* out_proj */
     route(b, L->balancing_biases, act->router_logits, act->router_probs, act->router_scores, expert, weight);
 }

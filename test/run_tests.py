@@ -35,6 +35,7 @@ TESTS = [
     ("dims", [sys.executable, "test/test_dims.py"]),
     ("bf16", [sys.executable, "test/test_bf16.py"]),
     ("replay", [sys.executable, "test/test_replay.py"]),
+    ("legit", [sys.executable, "test/test_legit.py"]),
     ("portmap", [sys.executable, "test/test_portmap.py"]),
     ("compare", [sys.executable, "test/test_compare.py"]),
     ("misuse", [sys.executable, "test/test_misuse.py"]),

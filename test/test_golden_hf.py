@@ -101,7 +101,7 @@ class StubModel:
                       f"{P}.mlp.gate.router_mlp", f"{P}.mlp.experts", f"{P}.post_mlp_residual_scale"]
             paths += [f"{P}.self_attn.qkv_proj.{p}" for p in
                       ("q_proj", "k_proj", "v_proj_current", "v_proj_delayed", "conv_qk_depthwise", "conv_qk_grouped")]
-            paths += [f"{P}.mlp.gate.router_mlp.{p}" for p in ("norm", "fc1", "fc2")]
+            paths += [f"{P}.mlp.gate.router_mlp.{p}" for p in ("norm", "fc1", "fc2", "act_fn")]
         self.mods = {p: Module(balancing_biases=[0.0] * E + [-0.5]) for p in paths}
         self.modeling = Module(apply_rotary_pos_emb=lambda q, k, cos, sin: (q, k))
 
@@ -150,6 +150,8 @@ class StubModel:
             m[f"{G}.down_proj"].call((None,), one(rows(f"{G}.down_proj", ts, R)))
             for sub in ("norm", "fc1", "fc2"):
                 m[f"{G}.router_mlp.{sub}"].call((None,), one(rows(f"{G}.router_mlp.{sub}", ts, R)))
+                if sub != "norm":   # the one act_fn module, on fc1's output, then on fc2's
+                    m[f"{G}.router_mlp.act_fn"].call((None,), one(rows(f"{G}.router_mlp.act_fn:{sub}", ts, R)))
             logits = rows(f"{G}.router_mlp", ts, E + 1)
             m[f"{G}.router_mlp"].call((None,), one(logits))
             index = [[0 if (i, t) == SKIP_AT else 1 + (t + i) % (E - 1)] for t in ts]
@@ -199,6 +201,7 @@ def expected_shapes(T):
            "self_attn:attn_output": [T, NQ * D], "self_attn.o_proj": [T, H], "post_attention_residual_scale": [T, H],
            "post_attention_layernorm": [T, H], "mlp.gate.down_proj": [T, R], "mlp.gate:router_state": [T, R],
            "mlp.gate.router_mlp.norm": [T, R], "mlp.gate.router_mlp.fc1": [T, R], "mlp.gate.router_mlp.fc2": [T, R],
+           "mlp.gate.router_mlp.act_fn:fc1": [T, R], "mlp.gate.router_mlp.act_fn:fc2": [T, R],
            "mlp.gate.router_mlp": [T, E + 1], "mlp.gate:router_probs": [T, E + 1], "mlp.gate:router_scores": [T, E + 1],
            "mlp.gate.router_indices": [T], "mlp.gate:router_weight": [T], "mlp.experts": [T, H],
            "post_mlp_residual_scale": [T, H],

@@ -207,6 +207,11 @@ def install_hooks(model, rec, n_layers, n_experts, nq, nkv, d):
         out_hook(f"{G}.down_proj", f"{G}.down_proj")
         for sub in ("norm", "fc1", "fc2"):
             out_hook(f"{G}.router_mlp.{sub}", f"{G}.router_mlp.{sub}")
+
+        def act_out(module, inputs, output, G=G, calls=[]):   # noqa: B006  (one act_fn, called on fc1 then fc2)
+            calls.append(1)
+            rec.add(f"{G}.router_mlp.act_fn:" + ("fc1" if len(calls) % 2 else "fc2"), drop_batch(output))
+        handles.append(mods[f"{G}.router_mlp.act_fn"].register_forward_hook(act_out))
         out_hook(f"{G}.router_mlp", f"{G}.router_mlp")
 
         def gate_out(module, inputs, output, G=G):

@@ -494,6 +494,11 @@ def main(args):
         print(f"hint: {' and '.join(bf16)} says precision bf16 (index.json): a bf16 run differs from fp32 from layer 0 on "
               f"by design; the plain tolerances are fp32's. To tell bf16 from a bug: compare.py PORT FP32_REF --envelope "
               f"BF16_RUN (docs/compare.md §8), or compare.py --local PORT --model MODEL.bin --bf16 (§9)")
+    elif c.first_divergence() or any(f["label"] == "BUG" for f in c.flips):
+        print("hint: end to end an error carries into every later layer, and routing flips follow it. Where it enters: "
+              "compare.py --local TEST --model MODEL.bin (docs/compare.md §9, each layer recomputed from the port's own "
+              "input). A quantized port differs from layer 0 on by design (its weights are not REF's), its flips too: "
+              "compare.py --quant TEST --model PORTWEIGHTS.bin --exact EXACT.bin (§10)")
     if args.json:
         try:
             with open(args.json, "w") as f:

@@ -8,11 +8,12 @@ their checks), judge_layers() (the verdict per layer and tap), report().
 
 A bf16 port with --model M --bf16 gets the two-tier verdict (docs/compare.md §9), below report():
 zaya.c replays the port at every legitimate bf16 placement (PLACEMENTS) and in fp32; tier 1
-(judge_tiers) sets each tap beside the replay at the official placement in bf16 ulps (a port that rounds
-where the official code rounds agrees to a few ulps in a few elements), and each elementwise step whose
-inputs agree bit for bit must agree to the ulp (step_check); tier 2 sets its local error
-(against the fp32 replay) beside the placements' envelope (the largest local error of a legitimate
-placement) and names the placement the port is closest to; report_tiers() prints both. main(args) is
+(judge_tiers) sets each tap beside the replay at the official placement in bf16 ulps (a statement: up to
+which step the port computes like the official code, never an error by itself); the step check
+(legit.py) recomputes each tap exactly (float64) from the port's own inputs and the blob's weights and
+holds it to a rounding-error bound of the arithmetic a port may legitimately use; tier 2 sets its local
+error (against the fp32 replay) beside the placements' envelope (the largest local error of a legitimate
+placement) and names the placement the port is closest to; report_tiers() prints them. main(args) is
 the view compare.py calls.
 """
 import os
@@ -20,10 +21,11 @@ import subprocess
 
 import numpy as np
 
+from . import legit
 from .diagnose import GGML_PRODUCTS, diagnose
 from .dumps import Dump, InputError, guarded, need_router_indices
-from .metrics import fmt, fsum, row_metrics
-from .names import ATOL, CAUSAL, DEPS, ELEMENTWISE, LAYER_OUTPUT, LAYER_STATE, execution_order, kind_of, layer_of
+from .metrics import common_vocabulary, fmt, fsum, row_metrics
+from .names import ATOL, LAYER_OUTPUT, is_logits, LAYER_STATE, execution_order, kind_of, layer_of
 
 # A bf16 port's local error of a tap may be this many times zaya.c's local bf16 envelope (the bf16
 # replay against the fp32 replay of the same inputs): docs/compare.md has the measurements (legitimate
@@ -38,9 +40,11 @@ def local_error(port, replay, name, positions=None):
         return None
     sa, a = port.load(name)
     sb, b = replay.load(name)
-    if list(sa) != list(sb):
-        raise InputError(f"{name}: the port's shape {list(sa)} is not the replay's {list(sb)}")
     rows = sa[0] if sa else 1
+    if list(sa) != list(sb):
+        if not (is_logits(name) and len(sa) == len(sb) == 2 and sa[0] == sb[0]):
+            raise InputError(f"{name}: the port's shape {list(sa)} is not the replay's {list(sb)}")
+        a, b = common_vocabulary(a.reshape(rows, -1), b.reshape(rows, -1), name)
     a, b = a.reshape(rows, -1), b.reshape(rows, -1)
     if positions is not None and sa:
         keep = [t for t in range(rows) if t in positions]
@@ -49,6 +53,19 @@ def local_error(port, replay, name, positions=None):
         return float(np.count_nonzero(a != b))
     sq_d, sq_b = row_metrics(a, b)[:2]
     return float(np.sqrt(fsum(sq_d)) / max(np.sqrt(fsum(sq_b)), ATOL * np.sqrt(max(b.size, 1))))
+
+
+def write_json(args, doc):
+    """--json OUT: the view's numbers and verdict (an unwritable path is an input error, exit 2)."""
+    if not getattr(args, "json", None):
+        return
+    import json
+    clean = lambda x: None if isinstance(x, float) and not np.isfinite(x) else x   # noqa: E731
+    try:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1, default=lambda o: clean(float(o)) if isinstance(o, (np.floating, float)) else int(o))
+    except OSError as e:
+        raise InputError(f"cannot write --json {args.json}: {e.strerror}")
 
 
 def run_replay(model, port_dir, out_dir, precision):
@@ -282,9 +299,7 @@ PLACEMENTS = dict(OFFICIAL, **{"vLLM: fp32 residual scaling and norms": "bf16+fp
 # Measured (docs/compare.md §9, bench/tier_margins.py): legitimate runs and one-step bugs.
 TIER1_ULPS = 2          # an element agrees within this many bf16 ulps of the official replay's value
 TIER1_FRACTION = 0.01   # a tap computes like the official code when at most this fraction is further
-TIER1_WRONG = 0.5       # ... and is an error, in a port that rounds like the official code, above this fraction
-STEP_ULPS = 1           # an elementwise step fed bit-identical inputs: an element further than this is off,
-STEP_FRACTION = 0.001   # ... and the step departs when more than this fraction of the elements judged is off
+STEP_FRACTION = legit.STEP_FRACTION   # the step check: a tap departs when more than this fraction is past its bound
 TIER2_FACTOR = 2.0      # a tap is within when its local error <= this x the placements' envelope
 TIER2_FLOOR = 1e-6      # rel L2 below this is float32 noise of a replay
 
@@ -299,15 +314,14 @@ def bf16_ulps(port, ref):
     return np.abs(port - ref) / np.ldexp(1.0, e - 8)
 
 
-def tap_sums(port, reps, rows, keep_ulps=False, block=1 << 22):
+def tap_sums(port, reps, rows, block=1 << 22):
     """One tap's numbers over `rows` of port [T, n] and of each replay (label -> [T, n]), read a block of
     rows at a time (a 512-position logits tap is half a GB per dump): per official variant the elements
     more than TIER1_ULPS bf16 ulps off (beyond), off at all (off, > 0.5 ulp) and the largest ulps; the
     rel L2 of each placement against the fp32 replay (env), of the port against it (error) and against
-    each placement (dist); the ulps themselves per variant when keep_ulps (the step check's small taps)."""
+    each placement (dist)."""
     sq = lambda a, b: float(np.square(a - b).sum())   # noqa: E731
     beyond, off, top = dict.fromkeys(OFFICIAL, 0), dict.fromkeys(OFFICIAL, 0), dict.fromkeys(OFFICIAL, 0.0)
-    kept = {lb: [] for lb in OFFICIAL}
     d_env, d_dist, n_rep = dict.fromkeys(PLACEMENTS, 0.0), dict.fromkeys(PLACEMENTS, 0.0), dict.fromkeys(PLACEMENTS, 0.0)
     d_err = n_fp32 = 0.0
     step = max(1, block // max(port.shape[1], 1))
@@ -319,8 +333,6 @@ def tap_sums(port, reps, rows, keep_ulps=False, block=1 << 22):
             beyond[lb] += int((u > TIER1_ULPS).sum())
             off[lb] += int((u > 0.5).sum())
             top[lb] = max(top[lb], float(u.max()) if u.size else 0.0)
-            if keep_ulps:
-                kept[lb].append(u)
         fp32 = rep["fp32"]
         d_err += sq(pr, fp32)
         n_fp32 += float(np.square(fp32).sum())
@@ -332,7 +344,6 @@ def tap_sums(port, reps, rows, keep_ulps=False, block=1 << 22):
     floor = TIER2_FLOOR * np.sqrt(max(size, 1))
     rel = lambda d, n: float(np.sqrt(d)) / max(float(np.sqrt(n)), floor)   # noqa: E731
     return {"beyond": beyond, "off": off, "max_ulps": top, "size": size,
-            "ulps": {lb: np.concatenate(kept[lb]) for lb in OFFICIAL} if keep_ulps and rows else None,
             "env": {lb: rel(d_env[lb], n_fp32) for lb in PLACEMENTS}, "error": rel(d_err, n_fp32),
             "dist": {lb: rel(d_dist[lb], n_rep[lb]) for lb in PLACEMENTS}}
 
@@ -348,51 +359,23 @@ def tier_replays(args):
     return reps
 
 
-def step_inputs(name):
-    """The full names of a layer tap's direct inputs (DEPS; "" = the layer's input, which the replay takes
-    from the port), and for the EDA step the previous layer's EDA state."""
-    layer = layer_of(name)
-    p = f"model.layers.{layer}."
-    out = [d and p + d for d in DEPS[name[len(p):]]]
-    if name.endswith("mlp.gate:router_state") and layer > 0:
-        out.append(f"model.layers.{layer - 1}.mlp.gate:router_state")
-    return out
-
-
-def step_check(port, rep, name, rows, ulps):
-    """An elementwise step fed the same inputs as the replay: (judged positions, elements judged, elements more
-    than STEP_ULPS off) over the positions whose every input agrees with the replay bit for bit (for a step
-    that reads earlier positions, every earlier position too), or None when it is no elementwise step or an
-    input is not in the dump."""
-    short = name.split(".", 3)[3] if name.startswith("model.layers.") else name
-    if short not in ELEMENTWISE:
-        return None
-    deps = step_inputs(name)
-    if any(d and not (port.has(d) and rep.has(d)) for d in deps):
-        return None
-    T = len(rows)
-    clean = np.ones(T, dtype=bool)
-    for d in (d for d in deps if d):
-        (sa, a), (sb, b) = port.load(d), rep.load(d)
-        if list(sa) != list(sb) or not sa or sa[0] < max(rows) + 1:
-            return None
-        a, b = a.reshape(sa[0], -1)[rows], b.reshape(sb[0], -1)[rows]
-        clean &= np.all((a == b) | (np.isnan(a) & np.isnan(b)), axis=1)
-    if short in CAUSAL:
-        clean = np.logical_and.accumulate(clean)
-    judged = ulps[clean]
-    return int(clean.sum()), int(judged.size), int((judged > STEP_ULPS).sum())
-
-
 def judge_tiers(args, port, reps):
-    """Both tiers over every tap the port and the replays have, in execution order. Returns a dict: taps (one\n    dict per tap), tier1_first (the first tap not computed like the official code: (name, why)), tier1_error\n    (the first tap that is wrong in a port rounding like the official code), tier2_first (the first tap\n    past the envelope), closest (the placement the port is nearest), located (the first of the errors)."""
+    """Tier 1, the step check and tier 2 over every tap the port and the replays have, in execution order.
+    Returns a dict: taps (one dict per tap), tier1_first (the first tap not computed like the official code:
+    (name, why); a statement), step_first (the first tap past the step check's rounding-error bound),
+    tier2_first (the first tap past the envelope), closest (the placement the port is nearest), located
+    (the first of the step check's and tier 2's errors)."""
     fp32 = reps["fp32"]
     n_layers = 1 + max([layer_of(n) for n in fp32.order if layer_of(n) is not None] or [-1])
     order = execution_order(n_layers)
     state = {f"model.layers.{i}.{s}" for i in range(n_layers) for s in LAYER_STATE}
     names = [n for n in order if n not in state and port.has(n) and all(r.has(n) for r in reps.values())
              and (layer_of(n) is not None or n in ("model.norm", "logits")) and not n.endswith(":router_margin")]
-    taps, first1, wrong, first2, like_official = [], None, None, None, None
+    try:
+        ctx = legit.Ctx(port, legit.Blob(args.model), legit.U_BF16) if getattr(args, "model", None) else None
+    except (OSError, ValueError):
+        ctx = None
+    taps, first1, step_first, first2 = [], None, None, None
     closeness = dict.fromkeys(PLACEMENTS, 0.0)
     near = {}
     for name in names:
@@ -410,8 +393,6 @@ def judge_tiers(args, port, reps):
                        f"(positions {bad[:5]})")
                 first1 = first1 or (name, why)
                 first2 = first2 or (name, why)
-                if like_official:
-                    wrong = wrong or (name, why)
             continue
         if p.dtype.kind in "iu" or not shape:
             continue
@@ -419,12 +400,9 @@ def judge_tiers(args, port, reps):
         rows = [t for t in range(shape[0]) if not (after_route and t in near.get(layer, ()))]
         if not rows:
             continue
-        m = tap_sums(p.reshape(shape[0], -1), {lb: r.load(name)[1].reshape(shape[0], -1) for lb, r in reps.items()},
-                     rows, keep_ulps=name.split(".", 3)[-1] in ELEMENTWISE)
+        m = tap_sums(p.reshape(shape[0], -1), {lb: r.load(name)[1].reshape(shape[0], -1) for lb, r in reps.items()}, rows)
         variant = min(OFFICIAL, key=lambda lb: m["beyond"][lb])
-        steps = {lb: step_check(port, reps[lb], name, rows, m["ulps"][lb]) if m["ulps"] else None
-                 for lb in OFFICIAL}
-        step = max(steps.values(), key=lambda c: (c[0], -c[2])) if all(steps.values()) else None   # the variant it is fed like
+        step = legit.check_tap(ctx, name, rows) if ctx else None
         beyond, size = m["beyond"][variant], m["size"]
         envelope = max(max(m["env"].values()), TIER2_FLOOR)
         error, dist = m["error"], m["dist"]
@@ -434,28 +412,27 @@ def judge_tiers(args, port, reps):
              "variant": variant, "envelope": envelope, "error": error, "ratio": error / envelope,
              "closest": min(dist, key=dist.get), "step": step}
         taps.append(t)
-        if like_official is None:   # the port's first tap: does it round where the official code does (at most
-            like_official = m["off"][variant] <= TIER1_FRACTION * size   # 1% of it off by an ulp)?
         if beyond > TIER1_FRACTION * size and first1 is None:
             first1 = (name, f"{beyond} of {size} elements more than {TIER1_ULPS} bf16 ulps from zaya.c's {variant} "
                             f"replay (largest {t['max_ulps']:.3g} ulps; at most {TIER1_FRACTION:.0%} computes like it)")
-        if like_official and step and step[1] and step[2] > STEP_FRACTION * step[1] and wrong is None:
-            wrong = (name, f"an elementwise step fed the port's own inputs: on the {step[0]} of {len(rows)} positions "
-                           f"where its inputs agree with zaya.c's official replay bit for bit, {step[2]} of {step[1]} "
-                           f"elements are more than {STEP_ULPS} bf16 ulp off (a port that rounds like the official code "
-                           f"computes it to the ulp; limit {STEP_FRACTION:.1%})")
-            first1 = first1 or (name, wrong[1])
-        if like_official and beyond > TIER1_WRONG * size and wrong is None:
-            wrong = (name, f"{beyond} of {size} elements more than {TIER1_ULPS} bf16 ulps from zaya.c's {variant} replay "
-                           f"(a port that rounds like the official code: more than {TIER1_WRONG:.0%} of a tap is an error)")
+        if step and step_first is None and (step["past"] > STEP_FRACTION * step["judged"] or step["rms"] > legit.Z_LIMIT):
+            step_first = (name, f"the step recomputed exactly (float64) from the port's own inputs: {step['past']} of "
+                                f"{step['judged']} elements past the rounding-error bound of legitimate arithmetic (1 "
+                                f"{step['storage']} ulp of the exact value + the roundings a bf16 port may do; largest "
+                                f"{step['worst']:.3g}x its bound, at position {step['at']}; limit {STEP_FRACTION:.1%} of the "
+                                f"elements); errors / their predicted standard deviation: rms {step['rms']:.3g} (limit "
+                                f"{legit.Z_LIMIT:g})")
         if t["ratio"] > TIER2_FACTOR and first2 is None:
             first2 = (name, f"local error {fmt(error)} = {t['ratio']:.3g} x the envelope {fmt(envelope)} of the "
                             f"legitimate placements (limit {TIER2_FACTOR:g}x)")
     pos = {n: i for i, n in enumerate(order)}
-    located = min([x for x in (wrong, first2) if x], key=lambda x: pos[x[0]], default=None)
-    return {"taps": taps, "tier1_first": first1, "tier1_error": wrong, "tier2_first": first2,
+    located = min([x for x in (step_first, first2) if x], key=lambda x: pos[x[0]], default=None)
+    return {"taps": taps, "tier1_first": first1, "step_first": step_first, "tier2_first": first2,
             "closest": min(closeness, key=closeness.get) if taps else None, "located": located,
-            "like_official": bool(like_official), "max_ratio": max([t["ratio"] for t in taps if "ratio" in t] or [0.0])}
+            "stepped": sum(1 for t in taps if t.get("step")),
+            "max_ratio": max([t["ratio"] for t in taps if "ratio" in t] or [0.0]),
+            "step_worst": max([t["step"]["worst"] for t in taps if t.get("step")] or [0.0]),
+            "step_rms": max([t["step"]["rms"] for t in taps if t.get("step")] or [0.0])}
 
 
 def report_tiers(args, port, ref, res):
@@ -483,23 +460,32 @@ def report_tiers(args, port, ref, res):
               f"{fmt(out['envelope']) if out else '-':>13}  {fmt(e2e) if e2e is not None else '-':>10}  {route:>9}  "
               f"{short(w1['name']) + ' ' + str(w1['beyond']) + '/' + str(w1['size']):>40}  "
               f"{short(w2['name'])} {w2['ratio']:.2g}x")
+    if res["located"]:
+        print("  (worst taps = the largest in the layer; FIRST LOCAL ERROR below is the first tap past its limit in "
+              "execution order: the taps after it inherit its error)")
     if any(t.get("near") for t in res["taps"]):
         print("  * a near-tie: the port and the official replays route a position differently at a margin below "
               f"{args.near_tie}; that position is left out of the layer's later taps")
     if args.verbose:
         for t in res["taps"]:
             if "ratio" in t:
+                st = t.get("step")
                 print(f"  {t['name']:60s} tier 1 {t['beyond']:>7}/{t['size']:<7} ({t['variant']})  tier 2 {t['error']:.3g} / "
                       f"{t['envelope']:.3g} = {t['ratio']:.3g}x  closest: {t['closest']}"
-                      + (f"  step: {t['step'][2]}/{t['step'][1]} off on {t['step'][0]} positions" if t.get("step") else ""))
+                      + (f"  step: {st['past']}/{st['judged']} past the bound (largest {st['worst']:.2g}x, rms z "
+                         f"{st['rms']:.2g}, {st['storage']})"
+                         if st else "  step: not modelled or an input not dumped"))
     if res["tier1_first"] is None:
-        print(f"\nTIER 1: computes like the official bf16 code (every tap within {TIER1_ULPS} bf16 ulps of zaya.c's "
-              f"official-placement replay on all but {TIER1_FRACTION:.0%} of its elements; every elementwise step fed "
-              f"bit-identical inputs to the ulp)")
+        print(f"\nTIER 1: computes like the official bf16 code at every tap (within {TIER1_ULPS} bf16 ulps of zaya.c's "
+              f"official-placement replay on all but {TIER1_FRACTION:.0%} of its elements)")
     else:
         name, why = res["tier1_first"]
-        print(f"\nTIER 1: does not compute like the official bf16 code from {name} on: {why}"
-              + ("" if res["like_official"] else "\n  (its first tap already rounds elsewhere: tier 2 judges it)"))
+        print(f"\nTIER 1: computes like the official bf16 code up to {name}, where it departs ({why}); a statement, not an error: "
+              f"other legitimate arithmetic departs from it too")
+    print(f"STEP CHECK: {res['stepped']} taps recomputed exactly from the port's own inputs; "
+          + ("every one within the rounding-error bound of legitimate arithmetic" if res["step_first"] is None else
+             f"first past the bound: {res['step_first'][0]}") + f" (largest element {res['step_worst']:.3g}x its bound, "
+          f"largest rms error / predicted sd {res['step_rms']:.3g}, limit {legit.Z_LIMIT:g})")
     print(f"TIER 2: closest legitimate placement: {res['closest']}; "
           + ("every tap within the placements' envelope" if res["tier2_first"] is None else
              f"first past the envelope: {res['tier2_first'][0]}") + f" (largest ratio {res['max_ratio']:.3g}x, "
@@ -512,7 +498,8 @@ def report_tiers(args, port, ref, res):
         print("RESULT: LOCAL ERROR")
         return 1
     print("\nRESULT: every layer agrees locally (" + ("computes like the official bf16 code"
-          if res["tier1_first"] is None else "within the bf16 envelope of the legitimate placements") + ")")
+          if res["tier1_first"] is None else "legitimate arithmetic, within the bf16 envelope of the legitimate placements")
+          + ")")
     return 0
 
 
@@ -528,7 +515,12 @@ def local_main(args):
         print(f"PORT   {port.folder}: {port.producer()}")
         print(f"REPLAY {args.replay_out or args.test_dir.rstrip('/') + '_replay'}_*: each layer recomputed by zaya.c from "
               f"the port's own input to it, in fp32 and at {len(PLACEMENTS)} legitimate bf16 placements")
-        return report_tiers(args, port, ref, judge_tiers(args, port, reps))
+        res = judge_tiers(args, port, reps)
+        rc = report_tiers(args, port, ref, res)
+        write_json(args, {"view": "local --bf16", "exit": rc, "located": res["located"], "tier1_first": res["tier1_first"],
+                          "step_first": res["step_first"], "tier2_first": res["tier2_first"], "closest": res["closest"],
+                          "taps": [{k: v for k, v in t.items()} for t in res["taps"]]})
+        return rc
     port, replay, env, ref = open_dumps(args)
     print(f"PORT   {port.folder}: {port.producer()}")
     print(f"REPLAY {replay.folder}: each layer recomputed by zaya.c from the port's own input to it")
@@ -539,7 +531,18 @@ def local_main(args):
     if computed:
         print(f"note: the port's dump has no :router_state for the layers before {computed}: their EDA input is zaya.c's")
     rows, first, names = judge_layers(args, port, replay, env, ref)
-    return report(args, port, replay, env, ref, rows, first, names)
+    rc = report(args, port, replay, env, ref, rows, first, names)
+    write_json(args, layers_json("local", rc, first, rows))
+    return rc
+
+
+def layers_json(view, rc, first, rows):
+    """--json of the one-tier views: per layer and tap the local error, envelope and tolerance, and the verdict."""
+    return {"view": view, "exit": rc, "first_local_error": None if not first else
+            {"layer": first[0], "tap": first[1], "local_error": first[2], "tolerance": first[3]},
+            "layers": [{"layer": layer, "end_to_end": e2e, "flips": flips, "near_ties": sorted(near),
+                        "taps": [{"name": n, "local_error": e, "envelope": ee, "tolerance": g, "past": bool(b)}
+                                 for n, e, ee, g, b in taps]} for layer, _, e2e, _, flips, near, taps in rows]}
 
 
 def main(args):

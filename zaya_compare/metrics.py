@@ -137,3 +137,21 @@ def fmt(x, spec=".3g"):
     if isinstance(x, np.generic):
         x = x.item()
     return format(x, spec)
+
+
+_VOCAB_SAID = set()
+
+
+def common_vocabulary(a, b, what="logits"):
+    """Two [T, V] logits of different vocabulary widths (a GGUF keeps the tokenizer's rows, 262,147 for
+    ZAYA1; the checkpoint has 262,272): both cut to the rows they share (ids 0 .. min - 1), said once per
+    pair of widths. The rows past the shorter vocabulary are ids no tokenizer produces."""
+    va, vb = a.shape[-1], b.shape[-1]
+    if va == vb:
+        return a, b
+    n = min(va, vb)
+    if (va, vb, what) not in _VOCAB_SAID:
+        _VOCAB_SAID.add((va, vb, what))
+        print(f"note: {what}: vocabularies of {va:,} and {vb:,} rows; comparing the {n:,} rows both have (ids 0..{n - 1}); "
+              f"the other {abs(va - vb):,} rows of the wider one are left out")
+    return a[..., :n], b[..., :n]

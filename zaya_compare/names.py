@@ -70,7 +70,8 @@ LAYER_TENSORS = [
     "self_attn:query_after_rope", "self_attn:key_after_rope", "self_attn:attn_output",
     "self_attn.o_proj", "post_attention_residual_scale", "post_attention_layernorm",
     "mlp.gate.down_proj", "mlp.gate:router_state", "mlp.gate.router_mlp.norm",
-    "mlp.gate.router_mlp.fc1", "mlp.gate.router_mlp.fc2", "mlp.gate.router_mlp",
+    "mlp.gate.router_mlp.fc1", "mlp.gate.router_mlp.act_fn:fc1", "mlp.gate.router_mlp.fc2",
+    "mlp.gate.router_mlp.act_fn:fc2", "mlp.gate.router_mlp",
     "mlp.gate:router_probs", "mlp.gate:router_scores", "mlp.gate:router_margin",
     "mlp.gate.router_indices", "mlp.gate:router_weight", "mlp.experts", "post_mlp_residual_scale",
 ]
@@ -96,8 +97,9 @@ DEPS = {
     "self_attn.o_proj": ["self_attn:attn_output"], "post_attention_residual_scale": ["self_attn.o_proj", ""],
     "post_attention_layernorm": ["post_attention_residual_scale"], "mlp.gate.down_proj": ["post_attention_layernorm"],
     "mlp.gate:router_state": ["mlp.gate.down_proj"], "mlp.gate.router_mlp.norm": ["mlp.gate:router_state"],
-    "mlp.gate.router_mlp.fc1": ["mlp.gate.router_mlp.norm"], "mlp.gate.router_mlp.fc2": ["mlp.gate.router_mlp.fc1"],
-    "mlp.gate.router_mlp": ["mlp.gate.router_mlp.fc2"], "mlp.gate:router_probs": ["mlp.gate.router_mlp"],
+    "mlp.gate.router_mlp.fc1": ["mlp.gate.router_mlp.norm"],
+    "mlp.gate.router_mlp.act_fn:fc1": ["mlp.gate.router_mlp.fc1"], "mlp.gate.router_mlp.fc2": ["mlp.gate.router_mlp.act_fn:fc1"],
+    "mlp.gate.router_mlp.act_fn:fc2": ["mlp.gate.router_mlp.fc2"], "mlp.gate.router_mlp": ["mlp.gate.router_mlp.act_fn:fc2"], "mlp.gate:router_probs": ["mlp.gate.router_mlp"],
     "mlp.gate:router_scores": ["mlp.gate:router_probs"], "mlp.gate:router_weight": ["mlp.gate:router_probs"],
     "mlp.experts": ["post_attention_layernorm", "mlp.gate:router_weight"],
     "post_mlp_residual_scale": ["mlp.experts", "post_attention_residual_scale"],
@@ -109,7 +111,8 @@ DEPS = {
 ELEMENTWISE = {"self_attn.qkv_proj:query_residual", "self_attn.qkv_proj:key_residual", "self_attn.qkv_proj:query",
                "self_attn.qkv_proj:key", "self_attn.qkv_proj:value", "self_attn:query_after_rope",
                "self_attn:key_after_rope", "post_attention_residual_scale", "mlp.gate:router_state",
-               "mlp.gate:router_probs", "mlp.gate:router_scores", "mlp.gate:router_weight", "post_mlp_residual_scale"}
+               "mlp.gate:router_probs", "mlp.gate:router_scores", "mlp.gate:router_weight", "post_mlp_residual_scale",
+               "mlp.gate.router_mlp.act_fn:fc1", "mlp.gate.router_mlp.act_fn:fc2"}
 # Steps that read earlier positions too (the convolutions' window, the delayed value, attention)
 CAUSAL = {"self_attn.qkv_proj.conv_qk_depthwise", "self_attn.qkv_proj.conv_qk_grouped", "self_attn.qkv_proj:value",
           "self_attn:attn_output"}

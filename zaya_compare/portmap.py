@@ -67,7 +67,8 @@ TARGETS = [
     (_P + r"self_attn\.qkv_proj\.v_proj_(current|delayed)$", "T dv"),
     (_P + r"self_attn\.qkv_proj:value$", "T nkv d"),
     (_P + r"self_attn:attn_output$", "T (nq d)"),
-    (_P + r"mlp\.gate(\.down_proj|:router_state|\.router_mlp\.norm|\.router_mlp\.fc1|\.router_mlp\.fc2)$", "T R"),
+    (_P + r"mlp\.gate(\.down_proj|:router_state|\.router_mlp\.norm|\.router_mlp\.fc1|\.router_mlp\.fc2|"
+     r"\.router_mlp\.act_fn:fc1|\.router_mlp\.act_fn:fc2)$", "T R"),
     (_P + r"mlp\.gate(\.router_mlp|:router_probs|:router_scores)$", "T E1"),
     (_P + r"mlp\.gate(\.router_indices|:router_weight|:router_margin)$", "T"),
     (r"^logits$", "T V"),

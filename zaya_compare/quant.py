@@ -21,7 +21,7 @@ import subprocess
 from . import local
 from .diagnose import GGML_PRODUCTS, diagnose
 from .dumps import Dump, InputError, guarded
-from .metrics import fmt, logits_rows_stats
+from .metrics import common_vocabulary, fmt, logits_rows_stats
 from .names import LAYER_OUTPUT
 
 
@@ -47,13 +47,62 @@ def run_zaya(cmd):
         raise InputError(f"{zaya} {' '.join(cmd)} failed:\n{p.stderr.strip()[-800:]}")
 
 
+def blob_facts(path):
+    """(weight format 'fp32' / 'bf16' / 'int8', provenance dict) of a zaya.c blob's header, or (None, {})."""
+    import json
+    import struct
+    try:
+        with open(path, "rb") as f:
+            h = f.read(1024)
+        fmt_code, = struct.unpack_from("<I", h, 36)
+        prov = h[512:1024].split(b"\0")[0].decode("utf-8", "replace")
+        try:
+            prov = json.loads(prov)
+        except ValueError:
+            prov = {}
+        return {0: "fp32", 1: "bf16", 2: "int8"}.get(fmt_code), prov if isinstance(prov, dict) else {}
+    except (OSError, struct.error):
+        return None, {}
+
+
+def weights_notes(model):
+    """What the port's weights blob does not hold (said before the verdict): an int8 blob (zaya.c's own int8
+    groups, the embedding too: the port's weights only if the port is zaya.c int8), and the matrices that
+    export_weights.py --weights left at the checkpoint's values."""
+    fmt_, prov = blob_facts(model)
+    notes = []
+    if fmt_ == "int8":
+        notes.append(f"note: {model} stores its matrices as zaya.c's int8 groups (the embedding and LM head too): these "
+                     "are the port's weights only if the port is zaya.c int8; write a port's own weights with\n"
+                     "  python3 export_weights.py CKPT PORTWEIGHTS.bin --weights PORT.safetensors (stored exactly)")
+    if prov.get("kept"):
+        notes.append(f"note: {model} keeps these matrices at the checkpoint's values (not in the port's weights): "
+                     f"{prov['kept']}\n"
+                     "  if the port quantizes them, a local error where they are used is the "
+                     "quantization, not the port's code: add them to --weights")
+    return notes, prov.get("kept", "")
+
+
+def kept_in_layer(kept, layer, tap):
+    """Whether provenance `kept` ("o_proj:1-5,experts.gate_up_proj:0-5,...") holds the matrix of layer `layer`'s tap."""
+    for item in (kept or "").rstrip(".").split(","):
+        name, _, layers = item.partition(":")
+        if not name or (tap.split(".")[-1] != name and name.split(".")[0] not in tap.split(".")):
+            continue
+        for part in layers.replace("layers ", "").split(","):
+            lo, _, hi = part.partition("-")
+            if lo.isdigit() and int(lo) <= layer <= int(hi or lo):
+                return True
+    return False
+
+
 def logits_summary(a, b):
     """(top-1 agreement count, rows, mean KL(P_b || P_a)) of two dumps' logits, or None."""
     if not (a.has("logits") and b.has("logits")):
         return None
     sa, x = a.load("logits")
     _, y = b.load("logits")
-    x, y = x.reshape(sa[0], -1), y.reshape(sa[0], -1)
+    x, y = common_vocabulary(x.reshape(sa[0], -1), y.reshape(sa[0], -1))
     ia, ib, kl = logits_rows_stats(x, y, k=1)
     return sum(p[0] == q[0] for p, q in zip(ia, ib)), len(ia), float(kl.mean())
 
@@ -87,6 +136,12 @@ def quant_main(args):
     print(f"EXACT   {exact.folder}: zaya.c on the checkpoint ({args.exact})")
     print(f"WEIGHTS {weights.folder}: zaya.c on the port's weights ({args.model})")
     print(f"REPLAY  {replay.folder}: zaya.c on the port's weights, each layer from the port's own input to it")
+    rs = replay.index.get("replay", {}).get("router_state_from_port") or []
+    computed = [i for i, v in enumerate(rs) if i > 0 and not v]
+    if computed:
+        print(f"note: the port's dump has no mlp.gate:router_state (the EDA state) for layers {computed}: their router "
+              f"starts from zaya.c's state of the layer before, so a layer whose own computation is right can show a local "
+              f"error and routing flips there; dump :router_state to judge each router on the port's own state")
     rows, first, names = local.judge_layers(args, port, replay, env, exact)
     print("\nper layer (rel L2 of the layer output; end to end against zaya.c on the exact checkpoint; local = from the"
           "\nsame input to the layer):")
@@ -101,10 +156,21 @@ def quant_main(args):
         q = qlocal_by_layer[layer] = local.local_error(weights, qlocal, name)
         tap = f"{worst[0].split('.', 3)[3]} {worst[1] / worst[3]:.2g}x" if worst and worst[1] > 0 else "-"
         print(f"{layer:>5}  {fmt(w):>13}  {fmt(p):>9}  {fmt(pw):>15}  {fmt(q):>11}  {fmt(out[1]) if out else '-':>10}  {tap}")
+    if first:
+        print("  (worst tap = the tap with the largest local error / tolerance in the layer; the verdict names the first "
+              "tap past its tolerance in execution order: the taps after it inherit its error)")
+    notes, kept = weights_notes(args.model)
+    for n in notes:
+        print(n)
+    if first and kept_in_layer(kept, first[0], first[1]):
+        print(f"  the first local error, {first[1]}, is a step whose matrix the port's weights left at the checkpoint's "
+              f"values in layer {first[0]}")
     lw, lp = logits_summary(weights, exact), logits_summary(port, exact)
     if lw and lp:
         print(f"logits vs exact: weights alone top-1 {lw[0]}/{lw[1]}, KL {lw[2]:.3g}; port top-1 {lp[0]}/{lp[1]}, "
               f"KL {lp[2]:.3g}")
+    local.write_json(args, dict(local.layers_json("quant", 1 if first else 0, first, rows),
+                                quant_local={str(k): v for k, v in qlocal_by_layer.items()}))
     src = ((replay.index.get("model") or {}).get("provenance") or {}).get("source") or ""
     d = diagnose(rows, first, port, names, bf16_judged=env is not None,
                  gguf=src if src.lower().endswith(".gguf") else None)
