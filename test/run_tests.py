@@ -37,6 +37,7 @@ TESTS = [
     ("port_weights", [sys.executable, "test/test_port_weights.py"]),
     ("quant", [sys.executable, "test/test_quant.py"]),
     ("quant_sensitivity", [sys.executable, "test/test_quant_sensitivity.py"]),
+    ("mlx", [sys.executable, "test/test_mlx.py"]),
     ("formats", [sys.executable, "test/test_formats.py"]),
     ("golden_hf", [sys.executable, "test/test_golden_hf.py"]),
     ("trace", [sys.executable, "test/test_trace.py"]),
