@@ -21,6 +21,10 @@ Quantized expert checkpoints (Zyphra's FP8-Experts / MXFP4-Experts, compressed-t
 (docs/quantized-experts.md); with --keep-quantized-experts the experts stay FP8 / MXFP4 in the blob
 (format version 2; the other matrices take --dtype) and the engine dequantizes them as it reads them.
 
+An MLX-saved folder (packed U32 NAME.weight + NAME.scales [+ NAME.biases], config.json "quantization") is read
+with its quantized weights as mx.dequantize gives them, bit for bit, names mapped to the checkpoint's
+(mlx_weights.py; --mlx-compute float32: the values MLX's quantized matmul uses with float32 activations).
+
 With --weights, a port's own weights (F32/F16/BF16 safetensors under the HF native names, as a Core ML,
 MLX or PyTorch port writes them after dequantizing) replace the checkpoint's tensors of the same name;
 each replaced tensor is listed and stored exactly (float32, or bf16 when the blob's matrices are bf16 or
