@@ -40,6 +40,7 @@ found, hint).
 
 import re
 import struct
+import sys
 from array import array
 
 from gguf import message
@@ -149,8 +150,15 @@ def e4m3(b):
 # Codes: one little-endian bit stream per row
 # ----------------------------------------------------------------------------------------------
 
+_TABLES = {}
+
+
 def _tables(shift, mask, left=0):
-    return bytes(((b >> shift) if not left else (b << left)) & mask for b in range(256))
+    """bytes.translate table: each byte's (b >> shift) & mask (or (b << left) & mask)."""
+    key = (shift, mask, left)
+    if key not in _TABLES:
+        _TABLES[key] = bytes(((b >> shift) if not left else (b << left)) & mask for b in range(256))
+    return _TABLES[key]
 
 
 def unpack_codes(raw, bits):
@@ -192,13 +200,14 @@ def out_dtype(mode, scale_dtype, dtype=None, global_scale=False):
 
 
 def dequantize(words, shape, scales, scale_dtype, biases=None, bias_dtype=None, group_size=64, bits=4,
-               mode="affine", dtype=None, global_scale=None, compute=None):
+               mode="affine", dtype=None, global_scale=None, compute=None, plain=False):
     """Bytes of mx.dequantize(w, scales, biases, group_size, bits, mode, global_scale, dtype) on the CPU.
     words: the packed U32 tensor's raw bytes, shape (rows, packed columns) (leading dims flattened into rows);
     scales/biases: raw bytes, one per group, in scale_dtype/bias_dtype; global_scale: a float or None.
     compute="F32" (affine): q * scale + bias in float32 instead, the result float32: the weights MLX's
     quantized matmul multiplies float32 activations by (it computes scale * q + bias in the activations'
-    type; with BF16/F16 scales, q * scale is exact in float32, so one rounding, fused or not)."""
+    type; with BF16/F16 scales, q * scale is exact in float32, so one rounding, fused or not).
+    plain=True: the element-by-element loop (the reference the bulk affine path is tested against)."""
     rows, packed = shape
     cols = packed * 32 // bits
     groups = cols // group_size
@@ -209,6 +218,11 @@ def dequantize(words, shape, scales, scale_dtype, biases=None, bias_dtype=None, 
     sv = decode(scales, scale_dtype)
     bv = decode(biases, bias_dtype) if biases is not None else None
     mask = (1 << bits) - 1
+    if mode == "affine" and sys.byteorder == "little" and not plain:
+        try:
+            return _affine_fast(words, rows, packed, sv, bv, group_size, bits, ct)
+        except OverflowError:       # an F16 value out of range: the plain loop below rounds it to infinity
+            pass
     out = []
     if mode == "nvfp4" and global_scale is not None:
         inv = r32(r32(global_scale) / 2688.0)          # divide(global_scale, array(448 * 6, out_type)): F32
@@ -237,6 +251,51 @@ def dequantize(words, shape, scales, scale_dtype, biases=None, bias_dtype=None, 
                     table[c] = rnd(v, od) if v == v else NAN
             out.extend(table[c] for c in q)
     return encode(out, od)
+
+
+def _round_bits(values, dtype):
+    """Bit patterns of doubles rounded to dtype, in bulk (array('f') rounds to float32 to nearest even;
+    BF16 then from those bits, as MLX's conversion; F16 by struct's half-precision packing)."""
+    if dtype == "F16":
+        return array("H", struct.pack(f"<{len(values)}e", *values))
+    u = array("I", array("f", values).tobytes())
+    if dtype == "F32":
+        return u
+    return array("H", [((x + 0x7FFF + ((x >> 16) & 1)) >> 16) if (x & 0x7FFFFFFF) <= 0x7F800000 else (x >> 16) | 0x40
+                       for x in u])
+
+
+def _values(bits, dtype):
+    if dtype == "F32":
+        return array("f", bits.tobytes()).tolist()
+    if dtype == "F16":
+        return list(struct.unpack(f"<{len(bits)}e", bits.tobytes()))
+    return array("f", array("I", [h << 16 for h in bits]).tobytes()).tolist()
+
+
+def _affine_fast(words, rows, packed, sv, bv, group_size, bits, dtype):
+    """dequantize()'s affine case with the same roundings, computed for every (group, code) pair at once
+    and gathered per group: one value table of 2^bits entries per group."""
+    k = 1 << bits
+    groups = packed * 32 // bits // group_size
+    row_bytes = packed * 4
+    if k > group_size:              # 8 bits: fewer values than codes per group; every value computed
+        codes = b"".join(unpack_codes(words[r * row_bytes:(r + 1) * row_bytes], bits) for r in range(rows))
+        per = [(sv[i], bv[i]) for i in range(rows * groups) for _ in range(group_size)]
+        m = _values(_round_bits([c * sb[0] for c, sb in zip(codes, per)], dtype), dtype)
+        return _round_bits([x + sb[1] for x, sb in zip(m, per)], dtype).tobytes()
+    codes_k = range(k)
+    prods = [c * s for s in sv for c in codes_k]               # exact in a double (<= 8 + 24 bits)
+    m = _values(_round_bits(prods, dtype), dtype)              # multiply(q, scales), rounded to dtype
+    sums = [x + b for x, b in zip(m, (b for b in bv for _ in codes_k))]
+    table = _round_bits(sums, dtype)                           # add(., biases), rounded to dtype
+    out = array(table.typecode)
+    for r in range(rows):
+        codes = unpack_codes(words[r * row_bytes:(r + 1) * row_bytes], bits)
+        for g in range(groups):
+            base = (r * groups + g) * k
+            out.extend(map(table[base:base + k].__getitem__, codes[g * group_size:(g + 1) * group_size]))
+    return out.tobytes()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@
 
 1. mlx_weights.dequantize against mx.dequantize's own outputs (test/fixtures/mlx/dequantize.safetensors,
    tools/mlx_fixtures.py on mlx-cpu 0.32.4): affine with bits 1-6 and 8, groups 32/64/128, scales in
-   BF16/F16/F32; mxfp4, mxfp8, nvfp4 (with and without a global scale) into BF16/F16/F32. Bytes equal
-   (a NaN may carry other bits than MLX's).
+   BF16/F16/F32 (the bulk path and its element-by-element twin); mxfp4, mxfp8, nvfp4 (with and without a
+   global scale) into BF16/F16/F32. Bytes equal (a NaN may carry other bits than MLX's).
 2. An MLX port's folder (test/fixtures/mlx/port: mlx-vlm's ZAYA model on the compact legacy checkpoint,
    quantized by mlx.nn.quantize with per-module entries: 4-bit affine group 32 where the row allows it,
    nvfp4 on rows of 16; tools/mlx_port.py) plus the checkpoint's embedding (kept in BF16 there, left out of
@@ -93,6 +93,9 @@ for name, c in sorted(cases.items()):
     got = mlx_weights.dequantize(w, tuple(ws), s, sd, b[2] if b else None, b[0] if b else None, c["group_size"],
                                  c["bits"], c["mode"], None if c["mode"] == "affine" else DT[c["dtype"]], g)
     ok, i, gv, wv = same_values(got, want, od)
+    if ok and c["mode"] == "affine":    # the element-by-element loop too (the bulk path's plain twin)
+        plain = mlx_weights.dequantize(w, tuple(ws), s, sd, b[2], b[0], c["group_size"], c["bits"], "affine", plain=True)
+        ok, i, gv, wv = same_values(plain, want, od)
     key = f"{c['mode']}" + (f" {c['bits']}-bit" if c["mode"] == "affine" else "")
     by_mode.setdefault(key, [0, 0, []])
     by_mode[key][0 if ok else 1] += 1
