@@ -241,6 +241,7 @@ def gguf_rows(args, lpe, ids, head_only=False):
         os.remove(blob)
         # the GGUF keeps the tokenizer's rows only (262,147 of 262,272): both sides over those logits
         lp = lpe if lq.shape[1] == lpe.shape[1] else log_softmax(args.exact_logits[:, :lq.shape[1]])
+        args.gguf_vocab = lq.shape[1]
         kld, kmax, top1, ratio, _ = metrics(lp, log_softmax(lq), ids)
         types = ", ".join(f"{n} {t}" for t, n in sorted(count.items(), key=lambda kv: -kv[1]))
         line = (f"| {ftype} | {'; '.join(overrides) or '-'} | {types} | {size / 1e6:.0f} | {full / 1e9:.2f} | "
@@ -324,8 +325,9 @@ def main():
         args.exact_logits = le
         head, rows = gguf_rows(args, lpe, ids)
         ppl = metrics(lpe, lpe, ids)[4]
-        foot = (f"\n{len(ids)} ids; exact model's perplexity on them {ppl:.4f}; KLD in nats over the blob's "
-                f"{le.shape[1]} logits; GGUFs by llama-quantize (no imatrix), read back as ggml dequantizes them.")
+        foot = (f"\n{len(ids)} ids; exact model's perplexity on them {ppl:.4f}; KLD in nats over the GGUF's "
+                f"{getattr(args, 'gguf_vocab', le.shape[1])} logits (its vocabulary); GGUFs by llama-quantize "
+                "(no imatrix), read back as ggml dequantizes them.")
         print(foot)
         if args.out:
             with open(args.out, "w") as f:
