@@ -874,7 +874,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
         where = open_checkpoint(ckpt)
         if mlx_weights.is_mlx(cfg, where):      # an MLX-saved folder: packed weights read as mx.dequantize gives them
             try:
-                cfg, where = mlx_weights.open_mlx(cfg, cfg_path, where, log, "F32" if mlx_compute == "float32" else None)
+                compute = "F32" if mlx_compute == "float32" else None
+                cfg, where = mlx_weights.open_mlx(cfg, cfg_path, where, log, compute)
             except mlx_weights.MLXError as e:
                 raise ExportError(str(e))
         layout = detect_layout(cfg, where)

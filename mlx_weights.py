@@ -119,7 +119,7 @@ def rnd(x, dtype):
 def encode(values, dtype):
     """Little-endian bytes of already-rounded values in dtype."""
     if dtype == "F32":
-        return array("f", values).tobytes() if struct.pack("<H", 1)[0] == 1 else struct.pack(f"<{len(values)}f", *values)
+        return struct.pack(f"<{len(values)}f", *values)
     if dtype == "BF16":
         return struct.pack(f"<{len(values)}H", *map(to_bf16_bits, values))
     return struct.pack(f"<{len(values)}H", *map(to_f16_bits, values))
@@ -434,10 +434,11 @@ def open_mlx(cfg, cfg_path, where, log, compute=None):
                  f"scales of shape {list(rows_shape) + [cols // g if not rem else '?']}", list(sshape),
                  "the bits or group size in config.json do not match how the tensor was packed")
         if has_bias:
-            if bname not in where or where[bname].tensors[bname][1] != tuple(sshape) or where[bname].tensors[bname][0] != sd:
+            bt = where[bname].tensors[bname] if bname in where else None
+            if bt is None or bt[1] != tuple(sshape) or bt[0] != sd:
                 fail("an affine-quantized weight without matching biases", f"{st.path}: tensor {n}",
                      f"{bname} of shape {list(sshape)} and dtype {sd}",
-                     "none" if bname not in where else f"{list(where[bname].tensors[bname][1])} {where[bname].tensors[bname][0]}")
+                     "none" if bt is None else f"{list(bt[1])} {bt[0]}")
             used.add(bname)
         gs = None
         if gname in where:

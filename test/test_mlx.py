@@ -94,7 +94,8 @@ for name, c in sorted(cases.items()):
                                  c["bits"], c["mode"], None if c["mode"] == "affine" else DT[c["dtype"]], g)
     ok, i, gv, wv = same_values(got, want, od)
     if ok and c["mode"] == "affine":    # the element-by-element loop too (the bulk path's plain twin)
-        plain = mlx_weights.dequantize(w, tuple(ws), s, sd, b[2], b[0], c["group_size"], c["bits"], "affine", plain=True)
+        plain = mlx_weights.dequantize(w, tuple(ws), s, sd, b[2], b[0], c["group_size"], c["bits"], "affine",
+                                       plain=True)
         ok, i, gv, wv = same_values(plain, want, od)
     key = f"{c['mode']}" + (f" {c['bits']}-bit" if c["mode"] == "affine" else "")
     by_mode.setdefault(key, [0, 0, []])
@@ -173,7 +174,8 @@ rc_q, out, err = run([sys.executable, "compare.py", "--quant", os.path.join(FX, 
 out_q = out + err
 with open(os.path.join(NATIVE, "config.json")) as f:
     sliding = [i for i, t in enumerate(json.load(f)["layer_types"]) if t == "hybrid_sliding"]
-print("\n".join("      " + ln for ln in out_q.splitlines() if ln[:5].strip().isdigit() or ln.startswith(("layer", "VERDICT"))))
+print("\n".join("      " + ln for ln in out_q.splitlines()
+                if ln[:5].strip().isdigit() or ln.startswith(("layer", "VERDICT"))))
 finish_rows = {}
 for line in out_q.splitlines():
     f = line.split()

@@ -79,7 +79,8 @@ for case in sorted(k[:-7] for k in cml if k.endswith(".weight")):
     diff = got != want
     check(not diff.any(), f"INT4-pal equals coremltools' palettize_weights bit for bit: {case} "
           f"(the former Lloyd k-means: {ratio:.2f}x its weight MSE)",
-          f"{int(diff.sum())} of {diff.size} weights differ (first at {np.argwhere(diff)[0].tolist() if diff.any() else ''}); "
+          f"{int(diff.sum())} of {diff.size} weights differ "
+          f"(first at {np.argwhere(diff)[0].tolist() if diff.any() else ''}); "
           "hint: kmeans1d_weighted must follow coremltools' deps/kmeans1d step by step")
 
 # 4. the tool end to end

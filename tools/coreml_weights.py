@@ -36,7 +36,8 @@ def expected_names(ckpt):
         cfg = json.load(f)
     names = sorted(export_weights.open_checkpoint(ckpt))
     layout = export_weights.detect_layout(cfg, names)
-    c = export_weights.native_config(cfg, ckpt) if layout == "native" else export_weights.legacy_to_native_config(cfg, ckpt)
+    to_native = export_weights.native_config if layout == "native" else export_weights.legacy_to_native_config
+    c = to_native(cfg, ckpt)
     return {name: shape for name, shape, _ in export_weights.expected_tensors(c)}
 
 

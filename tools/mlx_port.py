@@ -23,7 +23,8 @@ Recipes (MLX needs rows that are a multiple of the group size; a row that is not
 --dequantized writes every quantized matrix as mx.dequantize gives it (float32, under the legacy names,
 experts per expert, as the checkpoint lays them out): what export_weights.py must read from OUT_DIR.
 --dump runs the port on the ids on the CPU (float32 activations) and writes its per-layer outputs as a
-zaya.c-style dump folder (.npy + index.json) (compare.py's tap names: model.embed_tokens, model.layers.{i}.post_mlp_residual_scale
+zaya.c-style dump folder (.npy + index.json) (compare.py's tap names: model.embed_tokens,
+model.layers.{i}.post_mlp_residual_scale
 = the residual stream after layer i, model.layers.{i}.mlp.gate:router_state, model.norm, logits).
 """
 import argparse

@@ -38,16 +38,16 @@ llama-quantize's own mixes (--gguf-mixes): instead of groups, whole GGUFs made b
 
     /usr/bin/python3 tools/quant_sensitivity.py NATIVE_CKPT --random-ids 64 --gguf-base BASE.gguf \
         --legacy LEGACY_CKPT --llama-quantize llama.cpp/build/bin/llama-quantize \
-        --gguf-mixes "Q8_0,Q5_K_M,Q4_K_M,IQ4_XS,Q4_K_M:attn_v=q8_0;ffn_gate\.=q8_0" [--work DIR] [--out T.md]
+        --gguf-mixes "Q8_0,Q5_K_M,Q4_K_M,IQ4_XS,Q4_K_M:attn_q=q8_0;attn_k=q8_0" [--work DIR] [--out T.md]
 
 BASE.gguf is the port's converter's BF16 (or F32) GGUF of LEGACY_CKPT (the same weights as NATIVE_CKPT,
 in the legacy layout the converter reads). Each mix is `TYPE` (llama-quantize's ftype: its own per-tensor
-choices, e.g. Q4_K_M's Q6_K for attn_v and half the ffn_down) or `TYPE:PATTERN=type;...` (its
+choices, e.g. Q4_K_M's Q6_K for the tied embedding and some ffn_down) or `TYPE:PATTERN=type;...` (its
 --tensor-type overrides, PATTERN a regex on the GGUF tensor name). Each is quantized by llama-quantize
 (no imatrix), dequantized by ggml itself (`llama-quantize --allow-requantize MIX.gguf F32`: its to_float, the
 values export_weights.py's GGUF reader gives bit for bit, without Python's time), exported with
-`export_weights.py MIX-F32.gguf --tokenizer LEGACY_CKPT` (float32 blob), run by zaya.c and compared with the exact model: the quantization of the weights alone (the
-replay of ggml's arithmetic is not involved). `size` is the GGUF's tensor bytes; `8B size` projects it to
+`export_weights.py MIX-F32.gguf --tokenizer LEGACY_CKPT` (float32 blob), run by zaya.c and compared with
+the exact model: the quantization of the weights alone (the replay of ggml's arithmetic is not involved). `size` is the GGUF's tensor bytes; `8B size` projects it to
 the model's full depth (the per-layer tensors times 40 / layers, the global ones as they are); `bpw` its
 bits per weight; `types` how many tensors llama-quantize gave each ggml type.
 """
@@ -245,7 +245,8 @@ def gguf_rows(args, lpe, ids, head_only=False):
         kld, kmax, top1, ratio, _ = metrics(lp, log_softmax(lq), ids)
         types = ", ".join(f"{n} {t}" for t, n in sorted(count.items(), key=lambda kv: -kv[1]))
         line = (f"| {ftype} | {'; '.join(overrides) or '-'} | {types} | {size / 1e6:.0f} | {full / 1e9:.2f} | "
-                f"{8 * size / numel:.2f} | {kld:.4e} | {kmax:.4e} | {top1:.1f} | {ratio:.5f} | {time.time() - t0:.0f} |")
+                f"{8 * size / numel:.2f} | {kld:.4e} | {kmax:.4e} | {top1:.1f} | {ratio:.5f} | "
+                f"{time.time() - t0:.0f} |")
         rows.append(line)
         print(line, flush=True)
     return head, rows
