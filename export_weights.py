@@ -21,6 +21,10 @@ Quantized expert checkpoints (Zyphra's FP8-Experts / MXFP4-Experts, compressed-t
 (docs/quantized-experts.md); with --keep-quantized-experts the experts stay FP8 / MXFP4 in the blob
 (format version 2; the other matrices take --dtype) and the engine dequantizes them as it reads them.
 
+An MLX-saved folder (packed U32 NAME.weight + NAME.scales [+ NAME.biases], config.json "quantization") is read
+with its quantized weights as mx.dequantize gives them, bit for bit, names mapped to the checkpoint's
+(mlx_weights.py; --mlx-compute float32: the values MLX's quantized matmul uses with float32 activations).
+
 With --weights, a port's own weights (F32/F16/BF16 safetensors under the HF native names, as a Core ML,
 MLX or PyTorch port writes them after dequantizing) replace the checkpoint's tensors of the same name;
 each replaced tensor is listed and stored exactly (float32, or bf16 when the blob's matrices are bf16 or
@@ -44,6 +48,7 @@ import zlib
 
 import export_tokenizer
 import gguf
+import mlx_weights
 
 FORMAT_VERSION = 1          # what every blob without native FP8 / MXFP4 experts is written as
 FORMAT_VERSION_QUANTIZED = 2  # format version 2 adds the dtypes 3 (FP8 rows) and 4 (MXFP4) for the experts
@@ -63,7 +68,8 @@ CHUNK = 1 << 24             # stream 16 MB at a time
 DTYPE_CODES = {"fp32": 0, "bf16": 1, "int8": 2}   # tensor dtypes in the blob
 LAYER_TYPES = {"hybrid": 0, "hybrid_sliding": 1}
 ST_DTYPE_SIZE = {"F32": 4, "BF16": 2, "F16": 2}    # safetensors dtypes we can read
-QUANT_ST_DTYPE_SIZE = {"F8_E4M3": 1, "U8": 1, "F8_E8M0": 1}   # only in quantized expert checkpoints
+QUANT_ST_DTYPE_SIZE = {"F8_E4M3": 1, "U8": 1, "F8_E8M0": 1,   # only in quantized expert checkpoints
+                       "U32": 4}                                # MLX's packed weights (mlx_weights.py)
 
 
 LIMITATION = "this is a limitation of zaya.c, not a problem with the checkpoint"
@@ -854,7 +860,7 @@ def quantize_tensor(quantizer, w, entry, srcs, where, log):
 
 
 def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, keep_quantized=False, tokenizer=None,
-           port_weights=None):
+           port_weights=None, mlx_compute="scales"):
     t0 = time.time()
     tok_dir = ckpt
     if is_gguf(ckpt):            # a port's GGUF: its tensors under legacy names, dequantized as ggml does
@@ -870,6 +876,12 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
         if not isinstance(cfg, dict):
             fail("config.json is not a JSON object", cfg_path)
         where = open_checkpoint(ckpt)
+        if mlx_weights.is_mlx(cfg, where):      # an MLX-saved folder: packed weights read as mx.dequantize gives them
+            try:
+                compute = "F32" if mlx_compute == "float32" else None
+                cfg, where = mlx_weights.open_mlx(cfg, cfg_path, where, log, compute)
+            except mlx_weights.MLXError as e:
+                raise ExportError(str(e))
         layout = detect_layout(cfg, where)
         c = native_config(cfg, cfg_path) if layout == "native" else legacy_to_native_config(cfg, cfg_path)
     check_config_limits(c, cfg_path)
@@ -1765,11 +1777,15 @@ def main(argv=None):
                          "the GGUF came from; its config.json, if there, is checked against the GGUF's metadata and "
                          "gives the sliding windows the GGUF does not store); without it the GGUF's own "
                          "tokenizer.ggml.* arrays")
+    ap.add_argument("--mlx-compute", choices=["scales", "float32"], default="scales",
+                    help="an MLX folder's affine weights: as mx.dequantize gives them, in the scales' dtype (default: "
+                         "what a bf16/f16 MLX model multiplies by), or float32 (what MLX's quantized matmul uses with "
+                         "float32 activations); docs/checkpoints.md")
     args = ap.parse_args(argv)
     try:
         export(args.checkpoint, args.out, args.dtype, args.group_size,
                None if args.chat_format == "auto" else args.chat_format, keep_quantized=args.keep_quantized_experts,
-               tokenizer=args.tokenizer, port_weights=args.weights)
+               tokenizer=args.tokenizer, port_weights=args.weights, mlx_compute=args.mlx_compute)
     except ExportError as e:
         print(f"export_weights.py: error: {e}", file=sys.stderr)
         try:

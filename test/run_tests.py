@@ -45,6 +45,7 @@ TESTS = [
     ("diagnose", [sys.executable, "test/test_diagnose.py"]),
     ("gguf_tokenizer", [sys.executable, "test/test_gguf_tokenizer.py"]),
     ("quant_sensitivity", [sys.executable, "test/test_quant_sensitivity.py"]),
+    ("mlx", [sys.executable, "test/test_mlx.py"]),
     ("formats", [sys.executable, "test/test_formats.py"]),
     ("golden_hf", [sys.executable, "test/test_golden_hf.py"]),
     ("trace", [sys.executable, "test/test_trace.py"]),

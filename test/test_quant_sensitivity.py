@@ -6,7 +6,10 @@ end to end on a small generated checkpoint (numpy; no llama.cpp needed).
   ggml_quantize_chunk + to_float of them, recorded by the gguf branch's tools/gguf_fixtures.c): our
   Q8_0, Q4_0, Q4_K fake quantization must give the same float32 bits.
 - Q8_0's round trip: |x - value| <= d/2 + 127 |d - fp16(d)| per value (d = amax/127).
-- INT4-pal: every group of 32 output channels holds at most 16 values, each weight its group's nearest.
+- INT4-pal: every group of 32 output channels holds at most 16 values, each weight its group's nearest; and
+  equal, bit for bit, to coremltools 9.0's own palettize_weights (kmeans, 4 bits, per_grouped_channel, groups
+  of 32, fp16 model) on the recorded weights of test/fixtures/coreml/palettized.safetensors
+  (tools/coreml_fixtures.py); the former Lloyd k-means' weight error is printed beside it.
 - The tool on a small checkpoint (tools/make_checkpoint.py: hidden 64, 2 layers, 4 experts of 64):
   nothing quantized gives KLD 0, 100 % top-1, PPL ratio 1; per group, Q8_0's KLD is above 0 and below
   Q4_0's.
@@ -54,6 +57,31 @@ for g in range(2):
     if len(lut) > 16 or not np.array_equal(np.abs(nearest - orig.ravel()), np.abs(blk.ravel() - orig.ravel())):
         ok, detail = False, f"group {g}: {len(lut)} values, nearest-entry mismatch"
 check(ok, "INT4-pal: <= 16 values per group of 32 output channels, each weight its nearest", detail)
+
+# 3b. INT4-pal = coremltools' own palettization (recorded)
+def read_f16_safetensors(path):
+    import json
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    return {k: np.frombuffer(data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], np.float16)
+            .reshape(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+cml = read_f16_safetensors(need_fixtures("coreml", "palettized.safetensors"))
+for case in sorted(k[:-7] for k in cml if k.endswith(".weight")):
+    w, want = cml[case + ".weight"].astype(np.float32), cml[case + ".palettized"].astype(np.float32)
+    got = quants.fake_quant(w, "INT4-pal")
+    lloyd = quants.int4_pal(w, method="lloyd")
+    ratio = float(((lloyd - w) ** 2).mean() / max(((want - w) ** 2).mean(), 1e-30))
+    diff = got != want
+    check(not diff.any(), f"INT4-pal equals coremltools' palettize_weights bit for bit: {case} "
+          f"(the former Lloyd k-means: {ratio:.2f}x its weight MSE)",
+          f"{int(diff.sum())} of {diff.size} weights differ "
+          f"(first at {np.argwhere(diff)[0].tolist() if diff.any() else ''}); "
+          "hint: kmeans1d_weighted must follow coremltools' deps/kmeans1d step by step")
 
 # 4. the tool end to end
 zaya = os.path.join(ROOT, "zaya")

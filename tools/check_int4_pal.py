@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""How far tools/quants.py's INT4 palettization k-means is from what coremltools computes.
+"""How far a Lloyd k-means (tools/quants.py's int4_pal(method="lloyd"), its former INT4-pal) is from what
+coremltools computes. INT4-pal itself now is coremltools' result bit for bit (quants.kmeans1d_weighted,
+checked by test/test_quant_sensitivity.py against tools/coreml_fixtures.py's recording).
 
 coremltools (apple/coremltools, coremltools/optimize/coreml/_quantization_passes.py,
 _get_kmeans_lookup_table_and_weight) palettizes a group of an fp16 weight holding >= 10,000 values with

@@ -33,6 +33,23 @@ Per (group, type), positions t = 0..T-1 of the ids, P = exact model's softmax, Q
   w-NMSE   sum (w_q - w)^2 / sum w^2 over the group's quantized matrices
 A row "none" (nothing quantized) checks the pipeline: KLD 0, 100 % top-1, ratio 1. Deterministic: the
 same command prints the same table. Exit 2 on a usage or input error, with what was wrong.
+
+llama-quantize's own mixes (--gguf-mixes): instead of groups, whole GGUFs made by the real tool.
+
+    /usr/bin/python3 tools/quant_sensitivity.py NATIVE_CKPT --random-ids 64 --gguf-base BASE.gguf \
+        --legacy LEGACY_CKPT --llama-quantize llama.cpp/build/bin/llama-quantize \
+        --gguf-mixes "Q8_0,Q5_K_M,Q4_K_M,IQ4_XS,Q4_K_M:attn_q=q8_0;attn_k=q8_0" [--work DIR] [--out T.md]
+
+BASE.gguf is the port's converter's BF16 (or F32) GGUF of LEGACY_CKPT (the same weights as NATIVE_CKPT,
+in the legacy layout the converter reads). Each mix is `TYPE` (llama-quantize's ftype: its own per-tensor
+choices, e.g. Q4_K_M's Q6_K for the tied embedding and some ffn_down) or `TYPE:PATTERN=type;...` (its
+--tensor-type overrides, PATTERN a regex on the GGUF tensor name). Each is quantized by llama-quantize
+(no imatrix), dequantized by ggml itself (`llama-quantize --allow-requantize MIX.gguf F32`: its to_float, the
+values export_weights.py's GGUF reader gives bit for bit, without Python's time), exported with
+`export_weights.py MIX-F32.gguf --tokenizer LEGACY_CKPT` (float32 blob), run by zaya.c and compared with
+the exact model: the quantization of the weights alone (the replay of ggml's arithmetic is not involved). `size` is the GGUF's tensor bytes; `8B size` projects it to
+the model's full depth (the per-layer tensors times 40 / layers, the global ones as they are); `bpw` its
+bits per weight; `types` how many tensors llama-quantize gave each ggml type.
 """
 import argparse
 import json
@@ -180,6 +197,61 @@ def export(args, blob, weights=None):
     run(cmd, "export_weights.py")
 
 
+def gguf_rows(args, lpe, ids, head_only=False):
+    """llama-quantize's mixes: (header, rows)."""
+    sys.path.insert(0, ROOT)
+    import gguf
+    head = ("| mix | overrides | types | size MB | 8B size GB | bpw | mean KLD | max KLD | top-1 % | PPL ratio | s |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    if head_only:
+        return head, []
+    print(head, flush=True)
+    rows = []
+    for spec in [m for m in args.gguf_mixes.split(",") if m]:
+        t0 = time.time()
+        ftype, _, over = spec.partition(":")
+        overrides = [o for o in over.split(";") if o]
+        out = os.path.join(args.work_dir, "mix.gguf")
+        cmd = [args.llama_quantize]
+        for o in overrides:
+            cmd += ["--tensor-type", o]
+        run(cmd + [args.gguf_base, out, ftype, str(args.threads or 2)], "llama-quantize")
+        g = gguf.GGUFFile(out)
+        count, size, per_layer, numel = {}, 0, 0, 0
+        for t in g.tensors.values():
+            count[t.type] = count.get(t.type, 0) + 1
+            size += t.nbytes
+            numel += t.numel
+            if t.name.startswith("blk."):
+                per_layer += t.nbytes
+        half = g.kv.get("zaya.block_count")
+        layers = half // 2 if isinstance(half, int) else 1
+        full = size - per_layer + per_layer * 40 / layers
+        g.f.close()
+        # ggml's own dequantization (to_float) to an F32 GGUF: the values export_weights.py's reader gives
+        # bit for bit (test/test_gguf.py), at the disk's speed instead of Python's
+        f32 = os.path.join(args.work_dir, "mix-f32.gguf")
+        run([args.llama_quantize, "--allow-requantize", out, f32, "F32", str(args.threads or 2)], "llama-quantize F32")
+        os.remove(out)
+        blob = os.path.join(args.work_dir, "q.bin")
+        run([sys.executable, os.path.join(ROOT, "export_weights.py"), f32, blob, "--tokenizer", args.legacy,
+             "--dtype", "fp32"], "export_weights.py")
+        os.remove(f32)
+        lq, _ = logits_of(args, blob, os.path.join(args.work_dir, "dump_q"))
+        os.remove(blob)
+        # the GGUF keeps the tokenizer's rows only (262,147 of 262,272): both sides over those logits
+        lp = lpe if lq.shape[1] == lpe.shape[1] else log_softmax(args.exact_logits[:, :lq.shape[1]])
+        args.gguf_vocab = lq.shape[1]
+        kld, kmax, top1, ratio, _ = metrics(lp, log_softmax(lq), ids)
+        types = ", ".join(f"{n} {t}" for t, n in sorted(count.items(), key=lambda kv: -kv[1]))
+        line = (f"| {ftype} | {'; '.join(overrides) or '-'} | {types} | {size / 1e6:.0f} | {full / 1e9:.2f} | "
+                f"{8 * size / numel:.2f} | {kld:.4e} | {kmax:.4e} | {top1:.1f} | {ratio:.5f} | "
+                f"{time.time() - t0:.0f} |")
+        rows.append(line)
+        print(line, flush=True)
+    return head, rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -199,6 +271,11 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", help="also write the markdown table here")
     ap.add_argument("--no-baseline", action="store_true", help="leave out the 'none' row")
+    ap.add_argument("--gguf-mixes", default=None, help="llama-quantize mixes, e.g. Q4_K_M,Q4_K_M:attn_v=q8_0 "
+                    "(needs --gguf-base, --legacy, --llama-quantize); replaces the group rows")
+    ap.add_argument("--gguf-base", default=None, help="the port's converter's BF16/F32 GGUF of --legacy")
+    ap.add_argument("--legacy", default=None, help="the legacy-layout checkpoint the GGUF was converted from")
+    ap.add_argument("--llama-quantize", default=None, help="llama.cpp's llama-quantize binary")
     args = ap.parse_args()
 
     if not os.path.isdir(args.ckpt):
@@ -223,7 +300,14 @@ def main():
     elif args.random_ids is not None:
         if args.random_ids < 2:
             fail("--random-ids needs at least 2 ids")
-        args.id_list = [int(x) for x in np.random.default_rng(args.seed).integers(0, cfg["vocab_size"], args.random_ids)]
+        vocab = cfg["vocab_size"]
+        if args.gguf_mixes and args.gguf_base and os.path.exists(args.gguf_base):   # the GGUF's rows: 262,147
+            sys.path.insert(0, ROOT)
+            import gguf
+            g = gguf.GGUFFile(args.gguf_base)
+            vocab = min(vocab, g.tensors["token_embd.weight"].ne[1])
+            g.f.close()
+        args.id_list = [int(x) for x in np.random.default_rng(args.seed).integers(0, vocab, args.random_ids)]
     work = args.work or os.path.join(os.path.dirname(os.path.abspath(args.ckpt)), "qs_work")
     os.makedirs(work, exist_ok=True)
 
@@ -233,6 +317,23 @@ def main():
     le, ids = logits_of(args, exact_blob, os.path.join(work, "dump_exact"))
     lpe = log_softmax(le)
     os.remove(exact_blob)
+
+    if args.gguf_mixes:
+        for opt in ("gguf_base", "legacy", "llama_quantize"):
+            if not getattr(args, opt) or not os.path.exists(getattr(args, opt)):
+                fail(f"--gguf-mixes needs --{opt.replace('_', '-')} (an existing path)")
+        args.work_dir = work
+        args.exact_logits = le
+        head, rows = gguf_rows(args, lpe, ids)
+        ppl = metrics(lpe, lpe, ids)[4]
+        foot = (f"\n{len(ids)} ids; exact model's perplexity on them {ppl:.4f}; KLD in nats over the GGUF's "
+                f"{getattr(args, 'gguf_vocab', le.shape[1])} logits (its vocabulary); GGUFs by llama-quantize "
+                "(no imatrix), read back as ggml dequantizes them.")
+        print(foot)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(head + "\n" + "\n".join(rows) + "\n" + foot + "\n")
+        return
 
     rows = []
     head = ("| group | type | matrices (kept exact) | weight NMSE | mean KLD | max KLD | top-1 % | PPL ratio | s |\n"

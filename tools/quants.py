@@ -13,11 +13,18 @@ Types:
            256 = 8 sub-blocks of 32; each sub-block's scale and min from make_qkx2_quants (weights
            av_x + |x|, rmin -1, rdelta 0.1, 20 steps), quantized to 6 bits against the super-block's
            fp16 d and dmin; q = nearest_int((x + dmin*m) / (d*sc)) in 0..15; value = d*sc*q - dmin*m.
-  INT4-pal the Core ML port's palettization, coremltools OpPalettizerConfig(nbits=4,
-           granularity="per_grouped_channel", group_size=32): each group of 32 OUTPUT channels (axis 0
-           of a [out, in] weight, "channel_axis" 0 for a linear layer; a [E, out, in] expert tensor is E
-           linear layers) shares one look-up table of 16 float values fitted by k-means over all the
-           group's 32 x in weights; every weight becomes its nearest table entry.
+  INT4-pal the Core ML port's palettization, coremltools OpPalettizerConfig(mode="kmeans", nbits=4,
+           granularity="per_grouped_channel", group_size=32) on an fp16 model: each group of 32 OUTPUT
+           channels (axis 0 of a [out, in] weight; a [E, out, in] expert tensor is E linear layers) shares
+           one look-up table of 16 fp16 values; as coremltools computes it (optimize/coreml/
+           _quantization_passes.py -> models/neural_network/quantization_utils.py
+           _get_kmeans_lookup_table_and_weight): the group's weights in fp16, their distinct values weighted
+           by their counts, clustered by kmeans1d (coremltools' own copy, deps/kmeans1d: the optimal 1-D
+           k-means by Gronlund et al.'s dynamic programming), the table = the clusters' weighted means cast
+           to fp16, each weight = its cluster's entry. kmeans1d_weighted() below is that algorithm step by
+           step in float64 (the same prefix sums, cost formula, leftmost arg-min, incremental mean): its
+           tables and assignments equal coremltools' bit for bit (test/test_quant_sensitivity.py, on groups
+           palettized by coremltools 9.0 itself; tools/coreml_fixtures.py).
 
 The ggml types follow ggml/src/ggml-quants.c step by step in float32 (sums accumulated in the C
 loop's order, fp16 by round-to-nearest-even, nearest_int = round half to even, roundf = half away from
@@ -26,13 +33,11 @@ ggml's ne0. A last axis that is not a multiple of the block (32, or 256 for Q4_K
 that type; fake_quant raises NotQuantizable (llama.cpp falls back to another type for such tensors).
 Checked against values ggml computed: test/test_quant_sensitivity.py (rows of test/fixtures/gguf/).
 
-INT4-pal differs from coremltools in how the table is fitted:
-coremltools runs the exact optimal 1-D k-means (kmeans1d) on fp16 groups of >= 10,000 values, scikit-learn's
-KMeans (k-means++) on smaller ones; here k-means is Lloyd's (weight MSE 1.25x-2.6x the optimal, tools/check_int4_pal.py)
-algorithm in float64 from a deterministic start (the 16 quantiles (2i+1)/32 of the group's values),
-KMEANS_ITERS iterations, ties to the lower entry; the table is float32 (coremltools' LUT dtype defaults
-to the weight's dtype: fp16 for an fp16 Core ML model, so a real Core ML LUT is additionally rounded to
-fp16 - pass lut_dtype="float16" for that).
+coremltools takes kmeans1d only for an fp16 group of >= 10,000 values (every ZAYA1-8B matrix but the router
+MLP's 256 x 256: 8,192); for a smaller group, or an fp32 model, it runs scikit-learn's KMeans (k-means++,
+n_init=1, tol=1e-2, random_state=0), which is not reproduced here: INT4-pal uses kmeans1d for every group
+(the optimum that k-means++ approaches). int4_pal(..., method="lloyd") is the former approximation (12
+Lloyd iterations from quantiles, float32 table; weight MSE 1.25x-2.6x the optimum, tools/check_int4_pal.py).
 """
 
 import numpy as np
@@ -197,7 +202,84 @@ def _kmeans_1d(v, k=16, iters=KMEANS_ITERS):
     return np.sort(c, axis=1)
 
 
-def int4_pal(x, group=PAL_GROUP, lut_dtype="float32"):
+def _cost(cw, cs, cs2, j, i):
+    """kmeans1d's WeightedCostCalculator.calc(j, i): the weighted squared error of sorted values j..i about
+    their mean, in its order of float64 operations (j <= i; arrays)."""
+    w = cw[i + 1] - cw[j]
+    s = cs[i + 1] - cs[j]
+    mu = s / w
+    r = cs2[i + 1] - cs2[j]
+    r = r + w * (mu * mu)
+    return r - (2 * mu) * s
+
+
+def kmeans1d_weighted(values, weights, k=16):
+    """coremltools' kmeans1d.cluster(values, k, weights=weights) for distinct ascending values (np.unique):
+    -> (cluster of each value, centroids [min(k, n)]), bit for bit. Its dynamic programme (Gronlund et al.
+    2017, section 2.2): D[0][i] = cost(0, i); D[m][i] = min over j of C(i, j), C(i, j) = D[m-1][col] +
+    cost(j, i) with col = j - 1, or i where j = 0 or j > i + 1 (its unsigned j - 1), cost 0 where j > i.
+    kmeans1d finds each row's leftmost arg-min with SMAWK; here divide and conquer over the rows (the
+    arg-min is monotone), one vectorized step per level, gives the same arg-mins."""
+    x = np.asarray(values, np.float64)
+    wt = np.asarray(weights, np.float64)
+    n = len(x)
+    k = min(k, n)
+    cw = np.concatenate([[0.0], np.cumsum(wt)])            # sequential sums, as its prefix-sum loop
+    cs = np.concatenate([[0.0], np.cumsum(wt * x)])
+    cs2 = np.concatenate([[0.0], np.cumsum(wt * x * x)])
+    D = _cost(cw, cs, cs2, np.zeros(n, np.int64), np.arange(n))
+    T = [np.zeros(n, np.int64)]
+    for _ in range(1, k):
+        arg, best = np.zeros(n, np.int64), np.zeros(n)
+        lo, hi = np.array([0]), np.array([n - 1])           # rows lo..hi search columns clo..chi
+        clo, chi = np.array([0]), np.array([n - 1])
+        while len(lo):
+            mid = (lo + hi) // 2
+            cnt = chi - clo + 1
+            seg = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+            r = np.repeat(mid, cnt)
+            c = np.arange(cnt.sum()) - np.repeat(seg, cnt) + np.repeat(clo, cnt)
+            col = np.where((c == 0) | (c >= r + 2), r, c - 1)
+            inside = c <= r
+            val = D[col] + np.where(inside, _cost(cw, cs, cs2, np.where(inside, c, r), r), 0.0)
+            mins = np.minimum.reduceat(val, seg)
+            first = np.full(len(mid), len(val))
+            hit = np.flatnonzero(val == np.repeat(mins, cnt))
+            np.minimum.at(first, np.repeat(np.arange(len(mid)), cnt)[hit], hit)
+            a = c[first]
+            arg[mid], best[mid] = a, mins
+            left, right = lo <= mid - 1, mid + 1 <= hi
+            lo, hi, clo, chi = (np.concatenate([lo[left], mid[right] + 1]), np.concatenate([mid[left] - 1, hi[right]]),
+                                np.concatenate([clo[left], a[right]]), np.concatenate([a[left], chi[right]]))
+        D = best
+        T.append(arg)
+    clusters, centroids = np.zeros(n, np.int64), np.zeros(k)
+    t, m, last = n, k - 1, n - 1                              # backtracking, as kmeans1d
+    while True:
+        t_, t = t, int(T[m][last])
+        c = 0.0
+        for i in range(t, t_):                                # its incremental weighted mean
+            c += (x[i] - c) * (cw[i + 1] - cw[i]) / (cw[i + 1] - cw[t])
+        clusters[t:t_] = m
+        centroids[m] = c
+        m, last = m - 1, t - 1
+        if t <= 0:
+            break
+    return clusters, centroids
+
+
+def palettize_group(g, nbits=4):
+    """One group as coremltools palettizes an fp16 weight: -> (fp16 table [2**nbits], index per weight)."""
+    g = np.asarray(g, np.float16).ravel()
+    values, inverse, counts = np.unique(g, return_inverse=True, return_counts=True)
+    clusters, centroids = kmeans1d_weighted(values, counts, 1 << nbits)
+    lut = np.zeros(1 << nbits)
+    lut[:len(centroids)] = centroids
+    return lut.astype(np.float16), clusters[inverse.ravel()]
+
+
+def int4_pal(x, group=PAL_GROUP, lut_dtype="float16", method="kmeans1d"):
+    """x [..., out, in] -> its INT4 palettization (float32 values), groups of `group` output channels."""
     if x.ndim < 2:
         raise NotQuantizable("palettization needs a matrix")
     m = x.reshape(-1, x.shape[-2], x.shape[-1])    # [E, out, in]
@@ -206,6 +288,11 @@ def int4_pal(x, group=PAL_GROUP, lut_dtype="float32"):
         raise NotQuantizable(f"{out} output channels are not a multiple of the group size {group}")
     g = m.reshape(E * out // group, group * inn)
     res = np.empty(g.shape, np.float32)
+    if method == "kmeans1d":                       # coremltools on an fp16 model
+        for i in range(g.shape[0]):
+            lut, idx = palettize_group(g[i].astype(np.float16))
+            res[i] = lut[idx]
+        return res.reshape(x.shape)
     step = max(1, (1 << 22) // g.shape[1])         # groups per k-means batch (bounded memory)
     for a in range(0, g.shape[0], step):
         lut = _kmeans_1d(g[a:a + step].astype(np.float64)).astype(np.float32)
