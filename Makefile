@@ -46,6 +46,11 @@ build/test_bf16_steps: test/test_bf16_steps.c $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_bf16_steps.c $(filter-out zaya.c,$(LIB)) $(LIBS)
 
+# test/test_vision.c: vision.c's tower on raw float32 inputs, every tap written out (test/test_vision.py)
+build/test_vision: test/test_vision.c vision.c vision.h kernels.c kernels.h tensor.h
+	mkdir -p build
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_vision.c vision.c kernels.c $(LIBS)
+
 # bench/decode_vs_read.c: decode steps alternating with plain reads of the same weight bytes (bench.sh)
 build/decode_vs_read: bench/decode_vs_read.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
@@ -56,7 +61,7 @@ build/matmul_rate: bench/matmul_rate.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ bench/matmul_rate.c $(LIB) $(LIBS)
 
-test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps
+test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps build/test_vision
 	@$(PYTHON) -c 'import numpy' 2>/dev/null || { echo "make test: $(NUMPY_HINT)" >&2; exit 1; }
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 
