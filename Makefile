@@ -4,10 +4,10 @@ CFLAGS  ?= -O3 -march=native
 WARN     = -std=c11 -Wall -Wextra -Werror -Wno-unknown-pragmas
 COMMIT  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DEFS     = -DZAYA_COMMIT=\"$(COMMIT)\"
-LIB      = zaya.c blob.c kernels.c tokenizer.c trace.c
+LIB      = zaya.c blob.c kernels.c tokenizer.c trace.c vision.c image.c
 CLI      = dump.c kld.c replay.c
 SRC      = $(LIB) $(CLI) main.c
-HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h dump.h kld.h replay.h
+HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h dump.h kld.h replay.h vision.h image.h
 LIBS     = -pthread -lm
 # compare.py and the tests need numpy: PYTHON is the first of python3, /usr/bin/python3 that imports it
 NUMPY_HINT = compare.py needs numpy: apt-get install python3-numpy (tried python3 and /usr/bin/python3; or make PYTHON=...)
@@ -15,7 +15,7 @@ PYTHON  ?= $(or $(firstword $(foreach p,python3 /usr/bin/python3,$(shell $(p) -c
 FIXTURES ?= test/fixtures
 CKPT    ?= $(FIXTURES)/checkpoint_native
 
-.PHONY: all debug test demo demo-chat docs fuzz clean capture
+.PHONY: all debug test demo demo-chat demo-vl docs fuzz clean capture
 all: zaya
 
 zaya: $(SRC) $(HDR)
@@ -51,6 +51,11 @@ build/test_vision: test/test_vision.c vision.c vision.h kernels.c kernels.h tens
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_vision.c vision.c kernels.c $(LIBS)
 
+# test/test_image.c: image.c's PNG/PPM decoding and the processor's preprocessing on one file (test/test_vl.py)
+build/test_image: test/test_image.c image.c image.h vision.h tensor.h
+	mkdir -p build
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_image.c image.c -lm
+
 # bench/decode_vs_read.c: decode steps alternating with plain reads of the same weight bytes (bench.sh)
 build/decode_vs_read: bench/decode_vs_read.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
@@ -61,7 +66,7 @@ build/matmul_rate: bench/matmul_rate.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ bench/matmul_rate.c $(LIB) $(LIBS)
 
-test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps build/test_vision
+test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps build/test_vision build/test_image
 	@$(PYTHON) -c 'import numpy' 2>/dev/null || { echo "make test: $(NUMPY_HINT)" >&2; exit 1; }
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 
@@ -82,6 +87,20 @@ demo: zaya $(DEMO_BLOB)
 demo-chat: zaya $(DEMO_BLOB)
 	@echo "user: $(DEMO_CHAT)"
 	echo "$(DEMO_CHAT)" | ./zaya $(DEMO_BLOB) -m chat -y "You are a helpful assistant." --no-think -n 48 -t 0.8 -s 42
+
+# ZAYA1-VL: the compact VL fixture (test/fixtures/vl, composed by tools/vl_checkpoint.py; random weights, so
+# noise text) reading one of its images; VL_CKPT=dir and VL_IMAGE=file.png for a real checkpoint and image
+VL_CKPT  ?= build/vl_checkpoint
+VL_IMAGE ?= $(FIXTURES)/vl/image_a/image.png
+VL_BLOB   = build/demo_vl_$(notdir $(abspath $(VL_CKPT))).bin
+build/vl_checkpoint/config.json: $(FIXTURES)/vl/config.json $(FIXTURES)/vl/extra.safetensors tools/vl_checkpoint.py
+	$(PYTHON) tools/vl_checkpoint.py $(FIXTURES) build/vl_checkpoint > /dev/null
+$(VL_BLOB): $(VL_CKPT)/config.json export_weights.py export_tokenizer.py
+	$(PYTHON) export_weights.py $(VL_CKPT) $@
+
+demo-vl: zaya $(VL_BLOB)
+	@echo "image: $(VL_IMAGE)"
+	./zaya $(VL_BLOB) --image $(VL_IMAGE) -i "Describe this image." -n 32 -t 0.8 -s 42
 
 # regenerate the --trace blocks of docs/walkthrough.md from the fixture (test_walkthrough checks them)
 docs: zaya

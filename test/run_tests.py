@@ -45,6 +45,7 @@ TESTS = [
     ("fuzz", [sys.executable, "test/test_fuzz.py"]),
     ("bench", [sys.executable, "test/test_bench.py"]),
     ("vision", [sys.executable, "test/test_vision.py"]),
+    ("vl", [sys.executable, "test/test_vl.py"]),
 ]
 
 

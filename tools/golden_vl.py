@@ -16,7 +16,7 @@ tensors: tools/vl_checkpoint.py composes the whole checkpoint). Two random image
 sizes; for each: the processor's pixel values (Qwen2VLImageProcessorPil, BICUBIC), the prompt ids
 (bos, vision_start, one image token per merged patch, vision_end, text), every tap of the vision tower and
 of the decoder (module outputs by HF module path, token-major, batch dimension removed), top-16 logits of
-every position and 8 greedy tokens from model.generate (with its cache).
+every position and 8 greedy tokens (one full forward per step; see the note at `greedy` below).
 Everything float32 on CPU, eager attention.
 """
 import argparse
@@ -135,6 +135,16 @@ def main():
         os.makedirs(os.path.join(d, "taps"), exist_ok=True)
         with open(os.path.join(d, "image.ppm"), "wb") as f:
             f.write(b"P6\n%d %d\n255\n" % (w, h) + img.tobytes())
+        from PIL import Image
+        Image.fromarray(img).save(os.path.join(d, "image.png"))   # RGB, Pillow's adaptive filters
+        if case == "image_b":     # the other PNG color types, and what PIL's convert("RGB") makes of them
+            alpha = rs.randint(0, 256, size=(h, w, 1)).astype(np.uint8)
+            Image.fromarray(np.concatenate([img, alpha], -1), "RGBA").save(os.path.join(d, "rgba.png"))
+            for name, im in (("gray", Image.fromarray(img).convert("L")),
+                             ("palette", Image.fromarray(img).quantize(64))):
+                im.save(os.path.join(d, name + ".png"))
+                np.save(os.path.join(d, name + "_rgb.npy"), np.asarray(Image.open(os.path.join(d, name + ".png"))
+                                                                       .convert("RGB")))
         pv = proc(images=[img], return_tensors="pt")
         pixel_values, grid = pv["pixel_values"].float(), pv["image_grid_thw"]
         n_img = int(grid.prod()) // 4
@@ -146,9 +156,15 @@ def main():
             def fn(module, inp, outp):
                 o = outp.pooler_output if hasattr(outp, "pooler_output") else outp
                 o = o[0] if isinstance(o, tuple) else o
+                if name in taps:        # v_proj_delayed runs twice: the sequence, then zeros (position -1)
+                    return
                 o = o.detach().float()
                 if name.startswith("model.language_model") and o.dim() >= 2 and o.shape[0] == 1:
                     o = o[0]
+                if name.endswith("conv_qk_depthwise"):      # [C, K + S] -> [S, C]: the outputs of the S tokens
+                    o = o.T[-len(ids):]
+                elif name.endswith("conv_qk_grouped"):      # [C, S] -> [S, C]
+                    o = o.T
                 taps[name] = o.numpy().copy()
             return fn
         hooks = []
@@ -173,10 +189,20 @@ def main():
         taps["model.visual:cu_window_seqlens"] = np.array(sorted(set(cu)), dtype=np.int32)
         logits = outp.logits[0].float()
         top = torch.topk(logits, 16, dim=-1)
+        # greedy tokens: one full forward per step (the official code without a cache). model.generate() with
+        # the cache gives other tokens from the second on: at this commit with transformers 5.24 the cache
+        # layers' conv_states / recurrent_states are dicts, has_previous_state() is false, and each decoded
+        # token restarts the CCA convolution and the delayed value from zeros (recorded as generate_cached).
+        greedy, run_ids = [], input_ids
         with torch.no_grad():
+            for _ in range(8):
+                nxt = int(model(input_ids=run_ids, pixel_values=pixel_values, image_grid_thw=grid,
+                                use_cache=False).logits[0, -1].argmax())
+                greedy.append(nxt)
+                run_ids = torch.cat([run_ids, torch.tensor([[nxt]])], 1)
             gen = model.generate(input_ids=input_ids, pixel_values=pixel_values, image_grid_thw=grid,
                                  max_new_tokens=8, do_sample=False)
-        greedy = gen[0, len(ids):].tolist()
+        generate_cached = gen[0, len(ids):].tolist()
         np.save(os.path.join(d, "tokens.npy"), np.array(ids, dtype=np.int32))
         np.save(os.path.join(d, "pixel_values.npy"), pixel_values.numpy())
         np.save(os.path.join(d, "image_grid_thw.npy"), grid.numpy().astype(np.int32))
@@ -186,7 +212,8 @@ def main():
         for name, v in taps.items():
             np.save(os.path.join(d, "taps", name + ".npy"), v)
         index["cases"][case] = {"image_size_hw": [h, w], "image_grid_thw": grid[0].tolist(), "image_tokens": n_img,
-                                "ids": ids, "greedy_tokens": greedy, "taps": len(taps)}
+                                "ids": ids, "greedy_tokens": greedy, "generate_cached": generate_cached,
+                                "taps": len(taps)}
         print(case, "grid", grid[0].tolist(), "tokens", len(ids), "taps", len(taps), "greedy", greedy)
     with open(os.path.join(out, "index.json"), "w") as f:
         json.dump(index, f, indent=1)
