@@ -139,6 +139,8 @@ static void usage(FILE *f) {
           "  --dump F.safetensors  the same tensors in one safetensors file (index.json's fields in __metadata__)\n"
           "  --dump-filter RE   only tensors whose name matches the POSIX extended regex RE\n"
           "  --list-taps        print the names and shapes of all tensors --dump writes\n"
+          "  --dump-vision DIR  ZAYA1-VL: every vision tower tensor of --image as DIR/NAME.npy (HF module paths,\n"
+          "                     [rows, cols] in the row order HF holds them: window order inside the blocks)\n"
           "  --replay PORT_DUMP with --dump OUT: every layer recomputed from the port's own input to it (the\n"
           "                     residual stream its dump holds); compare.py --local PORT_DUMP OUT says where\n"
           "                     an error enters (docs/compare.md)\n"
@@ -215,7 +217,7 @@ static float parse_float(const char *flag, const char *v, float lo, float hi) {
 
 typedef struct {
     const char *model_path, *prompt, *ids, *dump_dir, *dump_filter, *replay_dir, *system_prompt, *decode_ids, *mode;
-    const char *kld_base, *corpus, *image;
+    const char *kld_base, *corpus, *image, *dump_vision;
     int steps, steps_given, print_ids, skip_expert, precision, placement, ctx, threads, batch, verify, hugepages, mmap, list_taps, encode, no_think;
     int chunks;
     int trace_pos, trace_layer;
@@ -255,7 +257,8 @@ static Options parse_args(int argc, char **argv) {
         }
         static const char *with_value[] = {"-i", "--ids", "-n", "-t", "-p", "-s", "-m", "-y", "--skip-expert", "--precision", "--ctx",
                                            "--threads", "--batch", "--dump", "--dump-filter", "--replay", "--trace", "--trace-layer",
-                                           "--decode", "--kld-base", "-f", "--chunks", "--image", NULL};
+                                           "--decode", "--kld-base", "-f", "--chunks", "--image", "--dump-vision",
+                                           NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) die("unknown option \"%s\"\n  hint: see zaya -h for the list of options", a);
@@ -291,6 +294,7 @@ static Options parse_args(int argc, char **argv) {
         else if (!strcmp(a, "-f")) o.corpus = v;
         else if (!strcmp(a, "--chunks")) o.chunks = (int)parse_int(a, v, 1, 1 << 30);
         else if (!strcmp(a, "--image")) o.image = v;
+        else if (!strcmp(a, "--dump-vision")) o.dump_vision = v;
     }
     if (!o.model_path) { usage(stderr); die("no model file given\n  hint: zaya MODEL.bin -i \"prompt\" (export MODEL.bin with export_weights.py)"); }
     if (o.prompt && o.ids) die("give the prompt either as -i TEXT or as --ids, not both");
@@ -657,9 +661,25 @@ static void replay(const ZayaModel *m, ZayaState *s, const Options *o, Dump *dum
     free(info.tokens);
 }
 
+/* --dump-vision: one vision tap as DIR/NAME.npy, float32 [rows, cols] (a failed write ends the run). */
+static void write_vision_tap(void *ctx, const char *name, const float *x, int rows, int cols) {
+    char path[4096], header[128];
+    snprintf(path, sizeof path, "%s/%s.npy", (const char *)ctx, name);
+    int len = snprintf(header, sizeof header, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows,
+                       cols);
+    while ((10 + len + 1) % 64) header[len++] = ' ';
+    header[len++] = '\n';
+    const unsigned char magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(len & 255),
+                                     (unsigned char)(len >> 8)};
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(magic, 1, 10, f) != 10 || fwrite(header, 1, (size_t)len, f) != (size_t)len ||
+        fwrite(x, sizeof(float), (size_t)rows * cols, f) != (size_t)rows * cols || fclose(f) != 0)
+        die("--dump-vision: cannot write %s: %s\n  hint: the folder must exist and be writable", path, strerror(errno));
+}
+
 /* ZAYA1-VL --image: the file decoded and preprocessed as the official processor does (image.c), then the
  * vision tower (vision.c) -> features [*n, hidden_size] for the prompt's image tokens. */
-static float *encode_image(const ZayaModel *m, const char *path, int threads, int *n) {
+static float *encode_image(const ZayaModel *m, const char *path, int threads, const char *dump_dir, int *n) {
     char err[1024];
     if (!m->vl) die("--image needs a ZAYA1-VL model\n  found:    %s is a text-only blob\n  hint: export a ZAYA1-VL "
                     "checkpoint (model_type zaya1_vl) with export_weights.py", path);
@@ -673,7 +693,8 @@ static float *encode_image(const ZayaModel *m, const char *path, int threads, in
     *n = zaya_vision_tokens(&m->vision.config, gh, gw);
     float *features = malloc(sizeof(float) * (size_t)*n * m->config.hidden_size + 1);
     if (!features) die("out of memory for %d image features", *n);
-    if (zaya_vision_encode(&m->vision, threads, pixels, gh, gw, features, NULL, NULL, err, sizeof err) != 0)
+    if (zaya_vision_encode(&m->vision, threads, pixels, gh, gw, features, dump_dir ? write_vision_tap : NULL,
+                           (void *)dump_dir, err, sizeof err) != 0)
         die("%s", err);
     fprintf(stderr, "image: %s, %d x %d -> %d x %d patches, %d image tokens, encoded in %.3f s\n", path, img.width,
             img.height, gw, gh, *n, now_s() - t0);
@@ -734,7 +755,9 @@ int main(int argc, char **argv) {
     }
     int n_prompt = 0, n_features = 0;
     int *prompt = NULL;
-    float *features = o.image ? encode_image(&m, o.image, o.threads, &n_features) : NULL;
+    if (o.dump_vision && !o.image)
+        die("--dump-vision writes the vision tower's tensors for --image: give --image PATH");
+    float *features = o.image ? encode_image(&m, o.image, o.threads, o.dump_vision, &n_features) : NULL;
     if (o.ids) prompt = parse_ids("--ids", o.ids, c->vocab_size, &n_prompt);
     else if (o.prompt) prompt = encode_prompt(need_tokenizer(&m, "-i"), o.prompt, &n_prompt);
     if (features && o.prompt) {   /* -i with --image: <bos>, the image block, the text */

@@ -116,8 +116,17 @@ def decoder(tmp, blob):
               f"differs at positions {np.nonzero(logits.argmax(-1) != top_ids[:, 0])[0].tolist()}")
         r = rel(np.take_along_axis(logits, top_ids.astype(np.int64), -1), top_vals)
         check(r <= 1e-6, f"{case}: top-16 logits within rel L2 1e-6 ({r:.2g})", f"{r:.3g}")
+        vdir = os.path.join(tmp, "vision_" + case)   # the tower through the blob, by HF module path
+        os.makedirs(vdir)
         rc, out, err = run(["./zaya", blob, "--image", os.path.join(d, "image.ppm"), "--ids", ids, "-n", "8", "-t", "0",
-                            "--print-ids"])
+                            "--print-ids", "--dump-vision", vdir])
+        worst, nv = (0.0, ""), 0
+        for f in sorted(os.listdir(vdir)):
+            want = os.path.join(d, "taps", f)
+            if os.path.exists(want):
+                worst, nv = max(worst, (rel(np.load(os.path.join(vdir, f)), np.load(want)), f[:-4])), nv + 1
+        check(nv >= 20 and worst[0] <= 1e-6, f"{case}: --dump-vision, {nv} vision tower taps within rel L2 1e-6 of the "
+              f"official run (worst {worst[0]:.2g})", f"{nv} taps, worst {worst[0]:.3g} at {worst[1]}")
         want = np.load(os.path.join(d, "greedy_tokens.npy")).tolist()
         got = [int(x) for x in out.strip().split(",")] if rc == 0 and out.strip() else []
         check(got == want, f"{case}: 8 greedy tokens identical", f"got {got}, official {want}; {err.strip()[-300:]}")
