@@ -13,10 +13,10 @@ WARN     = -std=c11 -Wall -Wextra -Werror -Wno-unknown-pragmas
 WARN    += -ffp-contract=off
 COMMIT  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DEFS     = -DZAYA_COMMIT=\"$(COMMIT)\"
-LIB      = zaya.c blob.c kernels.c tokenizer.c trace.c zmath.c
+LIB      = zaya.c blob.c kernels.c tokenizer.c trace.c zmath.c vision.c image.c
 CLI      = dump.c kld.c replay.c
 SRC      = $(LIB) $(CLI) main.c
-HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h dump.h kld.h replay.h zmath.h
+HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h dump.h kld.h replay.h zmath.h vision.h image.h
 LIBS     = -pthread -lm
 # compare.py and the tests need numpy: PYTHON is the first of python3, /usr/bin/python3 that imports it
 NUMPY_HINT = compare.py needs numpy: apt-get install python3-numpy (tried python3 and /usr/bin/python3; or make PYTHON=...)
@@ -24,7 +24,7 @@ PYTHON  ?= $(or $(firstword $(foreach p,python3 /usr/bin/python3,$(shell $(p) -c
 FIXTURES ?= test/fixtures
 CKPT    ?= $(FIXTURES)/checkpoint_native
 
-.PHONY: all debug test demo demo-chat docs fuzz clean capture arm64
+.PHONY: all debug test demo demo-chat demo-vl docs fuzz clean capture arm64
 all: zaya
 
 zaya: $(SRC) $(HDR)
@@ -61,6 +61,16 @@ build/test_bf16_steps: test/test_bf16_steps.c $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_bf16_steps.c $(filter-out zaya.c,$(LIB)) $(LIBS)
 
+# test/test_vision.c: vision.c's tower on raw float32 inputs, every tap written out (test/test_vision.py)
+build/test_vision: test/test_vision.c vision.c vision.h kernels.c kernels.h tensor.h zmath.c zmath.h
+	mkdir -p build
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_vision.c vision.c kernels.c zmath.c $(LIBS)
+
+# test/test_image.c: image.c's PNG/PPM decoding and the processor's preprocessing on one file (test/test_vl.py)
+build/test_image: test/test_image.c image.c image.h vision.h tensor.h
+	mkdir -p build
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_image.c image.c -lm
+
 # bench/decode_vs_read.c: decode steps alternating with plain reads of the same weight bytes (bench.sh)
 build/decode_vs_read: bench/decode_vs_read.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
@@ -71,7 +81,7 @@ build/matmul_rate: bench/matmul_rate.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ bench/matmul_rate.c $(LIB) $(LIBS)
 
-test: zaya zaya_debug build/test_kernels build/test_zmath build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps
+test: zaya zaya_debug build/test_kernels build/test_zmath build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps build/test_vision build/test_image
 	@$(PYTHON) -c 'import numpy' 2>/dev/null || { echo "make test: $(NUMPY_HINT)" >&2; exit 1; }
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 
@@ -103,6 +113,20 @@ demo: zaya $(DEMO_BLOB)
 demo-chat: zaya $(DEMO_BLOB)
 	@echo "user: $(DEMO_CHAT)"
 	echo "$(DEMO_CHAT)" | ./zaya $(DEMO_BLOB) -m chat -y "You are a helpful assistant." --no-think -n 48 -t 0.8 -s 42
+
+# ZAYA1-VL: the compact VL fixture (test/fixtures/vl, composed by tools/vl_checkpoint.py; random weights, so
+# noise text) reading one of its images; VL_CKPT=dir and VL_IMAGE=file.png for a real checkpoint and image
+VL_CKPT  ?= build/vl_checkpoint
+VL_IMAGE ?= $(FIXTURES)/vl/image_a/image.png
+VL_BLOB   = build/demo_vl_$(notdir $(abspath $(VL_CKPT))).bin
+build/vl_checkpoint/config.json: $(FIXTURES)/vl/config.json $(FIXTURES)/vl/extra.safetensors tools/vl_checkpoint.py
+	$(PYTHON) tools/vl_checkpoint.py $(FIXTURES) build/vl_checkpoint > /dev/null
+$(VL_BLOB): $(VL_CKPT)/config.json export_weights.py export_tokenizer.py
+	$(PYTHON) export_weights.py $(VL_CKPT) $@
+
+demo-vl: zaya $(VL_BLOB)
+	@echo "image: $(VL_IMAGE)"
+	./zaya $(VL_BLOB) --image $(VL_IMAGE) -i "Describe this image." -n 32 -t 0.8 -s 42
 
 # regenerate the --trace blocks of docs/walkthrough.md from the fixture (test_walkthrough checks them)
 docs: zaya

@@ -208,6 +208,110 @@ static int read_config(ZayaConfig *c, const unsigned char *h, const char *path, 
     return 0;
 }
 
+/* Format version 3 (ZAYA1-VL): the block at offset 896 of the header (docs/blob-format.md), read and
+ * range-checked; m->vl = 1. */
+static int read_vl_config(ZayaModel *m, const unsigned char *h, const char *path, char *err, size_t errlen) {
+    const unsigned char *p = h + 896;
+    ZayaVisionConfig *v = &m->vision.config;
+    int *ints[] = {&m->image_token_id, &m->vision_start_id, &m->vision_end_id, &m->lora_rank_attn, &m->lora_rank_mlp,
+                   &v->depth, &v->hidden_size, &v->num_heads, &v->intermediate_size, &v->in_channels, &v->patch_size,
+                   &v->temporal_patch_size, &v->spatial_merge_size, &v->window_size, &v->out_hidden_size,
+                   &v->n_fullatt};
+    const char *names[] = {"image_token_id", "vision_start_token_id", "vision_end_token_id", "vision_lora_rank_attn",
+                           "vision_lora_rank_mlp", "vision depth", "vision hidden_size", "vision num_heads",
+                           "vision intermediate_size", "vision in_channels", "vision patch_size",
+                           "vision temporal_patch_size", "vision spatial_merge_size", "vision window_size",
+                           "vision out_hidden_size", "vision fullatt_block_indexes count"};
+    const uint32_t V = (uint32_t)m->config.vocab_size - 1;
+    const uint32_t lo[] = {0, 0, 0, 1, 1, 1, 4, 1, 1, 1, 1, 1, 1, 1, 1, 0};
+    const uint32_t hi[] = {V, V, V, 4096, 4096, ZAYA_MAX_VISION_DEPTH, 1u << 16, 1024, 1u << 18, 16, 1024, 16, 16,
+                           1u << 16, 1u << 16, 16};
+    for (int k = 0; k < 16; k++) {
+        const uint32_t x = rd_u32(p + 4 * k);
+        if (x < lo[k] || x > hi[k])
+            return zaya_fail(err, errlen, "%s: VL config value %s is out of range\n  expected: %u..%u\n  found:    %u\n  %s",
+                             path, names[k], lo[k], hi[k], x, HINT_REEXPORT);
+        *ints[k] = (int)x;
+    }
+    for (int k = 0; k < v->n_fullatt; k++) {
+        v->fullatt[k] = (int)rd_u32(p + 64 + 4 * k);
+        if (v->fullatt[k] < 0 || v->fullatt[k] >= v->depth)
+            return zaya_fail(err, errlen, "%s: VL config fullatt_block_indexes[%d] = %d is not a block\n  expected: 0..%d\n  %s",
+                             path, k, v->fullatt[k], v->depth - 1, HINT_REEXPORT);
+    }
+    const int hd = v->hidden_size / v->num_heads;
+    if (v->hidden_size % v->num_heads || hd % 4 || hd > 1024 || v->out_hidden_size != m->config.hidden_size ||
+        v->window_size / v->spatial_merge_size / v->patch_size < 1)
+        return zaya_fail(err, errlen, "%s: VL vision config is inconsistent (hidden %d, heads %d, out %d, window %d, "
+                         "merge %d, patch %d)\n  expected: heads dividing hidden with head_dim a multiple of 4 up to "
+                         "1024, out_hidden_size = the decoder's hidden size %d, window >= merge x patch\n  %s",
+                         path, v->hidden_size, v->num_heads, v->out_hidden_size, v->window_size, v->spatial_merge_size,
+                         v->patch_size, m->config.hidden_size, HINT_REEXPORT);
+    m->vl = 1;
+    return 0;
+}
+
+/* ZAYA1-VL (format version 3): the decoder's vision LoRA pairs and the vision tower (arch §V). */
+static int bind_vl_tensors(ZayaModel *m, Loader *ld) {
+    const ZayaConfig *c = &m->config;
+    ZayaVision *vis = &m->vision;
+    const ZayaVisionConfig *v = &vis->config;
+    const uint64_t H = (uint64_t)c->hidden_size, QD = (uint64_t)c->num_heads * c->head_dim,
+                   KD = (uint64_t)c->num_kv_heads * c->head_dim, E = (uint64_t)c->num_experts,
+                   I = (uint64_t)c->moe_intermediate, ra = (uint64_t)m->lora_rank_attn, rm = (uint64_t)m->lora_rank_mlp;
+    const uint64_t D = (uint64_t)v->hidden_size, VI = (uint64_t)v->intermediate_size,
+                   U = (uint64_t)v->spatial_merge_size * v->spatial_merge_size,
+                   pin = (uint64_t)v->in_channels * v->temporal_patch_size * v->patch_size * v->patch_size;
+    char n[NAME_SIZE], p[64];
+#define NAME(fmt) (snprintf(n, sizeof n, "%s." fmt, p), n)
+    for (int i = 0; i < c->num_layers; i++) {
+        ZayaLayer *L = &m->layers[i];
+        snprintf(p, sizeof p, "model.layers.%d", i);
+        if (load_matrix(ld, &L->q_lora_a, NAME("self_attn.qkv_proj.q_lora_a.weight"), 0, ra, H) ||
+            load_matrix(ld, &L->q_lora_b, NAME("self_attn.qkv_proj.q_lora_b.weight"), 0, QD, ra) ||
+            load_matrix(ld, &L->k_lora_a, NAME("self_attn.qkv_proj.k_lora_a.weight"), 0, ra, H) ||
+            load_matrix(ld, &L->k_lora_b, NAME("self_attn.qkv_proj.k_lora_b.weight"), 0, KD, ra) ||
+            load_matrix(ld, &L->v_current_lora_a, NAME("self_attn.qkv_proj.v_current_lora_a.weight"), 0, ra, H) ||
+            load_matrix(ld, &L->v_current_lora_b, NAME("self_attn.qkv_proj.v_current_lora_b.weight"), 0, KD / 2, ra) ||
+            load_matrix(ld, &L->v_delayed_lora_a, NAME("self_attn.qkv_proj.v_delayed_lora_a.weight"), 0, ra, H) ||
+            load_matrix(ld, &L->v_delayed_lora_b, NAME("self_attn.qkv_proj.v_delayed_lora_b.weight"), 0, KD / 2, ra) ||
+            load_matrix(ld, &L->o_lora_a, NAME("self_attn.o_lora_a.weight"), 0, ra, QD) ||
+            load_matrix(ld, &L->o_lora_b, NAME("self_attn.o_lora_b.weight"), 0, H, ra) ||
+            load_matrix(ld, &L->experts_lora_gate_up_a, NAME("mlp.experts.lora_gate_up_proj_a"), E, rm, H) ||
+            load_matrix(ld, &L->experts_lora_gate_up_b, NAME("mlp.experts.lora_gate_up_proj_b"), E, 2 * I, rm) ||
+            load_matrix(ld, &L->experts_lora_down_a, NAME("mlp.experts.lora_down_proj_a"), E, rm, I) ||
+            load_matrix(ld, &L->experts_lora_down_b, NAME("mlp.experts.lora_down_proj_b"), E, H, rm))
+            return -1;
+    }
+    vis->blocks = calloc((size_t)v->depth, sizeof(ZayaVisionBlock));
+    if (!vis->blocks) return zaya_fail(ld->err, ld->errlen, "out of memory");
+    if (load_matrix(ld, &vis->patch_embed, "model.visual.patch_embed.proj.weight", 0, D, pin)) return -1;
+    for (int i = 0; i < v->depth; i++) {
+        ZayaVisionBlock *B = &vis->blocks[i];
+        snprintf(p, sizeof p, "model.visual.blocks.%d", i);
+        if (load_vector(ld, &B->norm1, NAME("norm1.weight"), D, 0, 0) ||
+            load_matrix(ld, &B->qkv, NAME("attn.qkv.weight"), 0, 3 * D, D) ||
+            load_vector(ld, &B->qkv_bias, NAME("attn.qkv.bias"), 3 * D, 0, 0) ||
+            load_matrix(ld, &B->proj, NAME("attn.proj.weight"), 0, D, D) ||
+            load_vector(ld, &B->proj_bias, NAME("attn.proj.bias"), D, 0, 0) ||
+            load_vector(ld, &B->norm2, NAME("norm2.weight"), D, 0, 0) ||
+            load_matrix(ld, &B->gate_proj, NAME("mlp.gate_proj.weight"), 0, VI, D) ||
+            load_vector(ld, &B->gate_proj_bias, NAME("mlp.gate_proj.bias"), VI, 0, 0) ||
+            load_matrix(ld, &B->up_proj, NAME("mlp.up_proj.weight"), 0, VI, D) ||
+            load_vector(ld, &B->up_proj_bias, NAME("mlp.up_proj.bias"), VI, 0, 0) ||
+            load_matrix(ld, &B->down_proj, NAME("mlp.down_proj.weight"), 0, D, VI) ||
+            load_vector(ld, &B->down_proj_bias, NAME("mlp.down_proj.bias"), D, 0, 0))
+            return -1;
+    }
+#undef NAME
+    return load_vector(ld, &vis->merger_ln_q, "model.visual.merger.ln_q.weight", D, 0, 0) ||
+           load_matrix(ld, &vis->merger_fc1, "model.visual.merger.mlp.0.weight", 0, U * D, U * D) ||
+           load_vector(ld, &vis->merger_fc1_bias, "model.visual.merger.mlp.0.bias", U * D, 0, 0) ||
+           load_matrix(ld, &vis->merger_fc2, "model.visual.merger.mlp.2.weight", 0, (uint64_t)v->out_hidden_size, U * D) ||
+           load_vector(ld, &vis->merger_fc2_bias, "model.visual.merger.mlp.2.bias", (uint64_t)v->out_hidden_size, 0, 0)
+               ? -1 : 0;
+}
+
 /* The tensors of arch §2.2, bound to the model struct. */
 static int bind_tensors(ZayaModel *m, Loader *ld) {
     const ZayaConfig *c = &m->config;
@@ -261,6 +365,7 @@ static int bind_tensors(ZayaModel *m, Loader *ld) {
             return -1;
     }
 #undef NAME
+    if (m->vl && bind_vl_tensors(m, ld) != 0) return -1;
     for (int i = 0; i < ld->n; i++) {
         if (ld->dir[i].used) continue;
         for (int j = 0; j < ld->n; j++)   /* an unused entry with the name of a used one is a duplicate */
@@ -471,7 +576,7 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
     if (version < 1 || version > ZAYA_FORMAT_VERSION) {   /* version 1 is version 2 without FP8 / MXFP4 tensors */
         zaya_free(m);
         close(fd);
-        return zaya_fail(err, errlen, "%s has blob format version %u\n  expected: 1 or %d (this zaya.c)\n  found:    %u\n  %s", path, version, ZAYA_FORMAT_VERSION, version, HINT_REEXPORT);
+        return zaya_fail(err, errlen, "%s has blob format version %u\n  expected: 1 to %d (this zaya.c)\n  found:    %u\n  %s", path, version, ZAYA_FORMAT_VERSION, version, HINT_REEXPORT);
     }
     uint64_t file_size = rd_u64(h + 16), dir_off = rd_u64(h + 24), data_off = rd_u64(h + 48),
              tok_off = rd_u64(h + 56), tok_size = rd_u64(h + 64);
@@ -499,6 +604,7 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
             zaya_fail(err, errlen, "%s: header checksum mismatch\n  expected: %08x\n  found:    %08x\n  hint: the file is corrupt; re-export it with export_weights.py", path, want, crc);
         else
             rc = read_config(&m->config, h, path, err, errlen);
+        if (rc == 0 && version >= 3) rc = read_vl_config(m, h, path, err, errlen);
     }
     if (rc != 0) { zaya_free(m); close(fd); return -1; }
 
@@ -526,7 +632,7 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
     Loader ld = {path, h, calloc(n_tensors, sizeof(DirEntry)), (int)n_tensors, err, errlen, version};
     if (!ld.dir) { zaya_free(m); return zaya_fail(err, errlen, "out of memory"); }
     rc = read_directory(&ld, h, data_off, tok_off);
-    if (rc == 0) rc = bind_tensors(m, &ld);
+    if (rc == 0) rc = bind_tensors(m, &ld);   /* (with a VL blob, bind_vl_tensors first) */
     if (rc == 0 && verify_crc) {
         for (int i = 0; i < ld.n && rc == 0; i++)
             if (zaya_crc32(0, h + ld.dir[i].offset, ld.dir[i].nbytes) != ld.dir[i].crc)
@@ -554,6 +660,7 @@ int zaya_load(ZayaModel *m, const char *path, int flags, char *err, size_t errle
 void zaya_free(ZayaModel *m) {
     if (m->tokenizer) { zaya_tok_free(m->tokenizer); free(m->tokenizer); }
     free(m->layers);
+    free(m->vision.blocks);
     if (m->map) munmap(m->map, m->map_size);
     memset(m, 0, sizeof *m);
 }

@@ -133,8 +133,8 @@ class SafetensorsFile:
                      "BF16 safetensors and give them with --weights (docs/compare.md §10)" if packed else
                      "ZAYA checkpoints are published in BF16")
             if (not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape)
-                    or len(shape) > 4):
-                fail("malformed tensor shape", where, "a list of at most 4 non-negative integers", shape)
+                    or len(shape) > 5):        # 5: ZAYA1-VL's Conv3d patch embedding
+                fail("malformed tensor shape", where, "a list of at most 5 non-negative integers", shape)
             if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
                     or not 0 <= offs[0] <= offs[1] <= data_size):
                 fail("tensor data offsets are out of range", where, f"[begin, end] within 0..{data_size}",
@@ -494,6 +494,116 @@ def base_to_native_config(cfg, path):
 # The tensors the engine expects (docs/architecture.md 2.2) and where each comes from
 # ----------------------------------------------------------------------------------------------
 
+# ----------------------------------------------------------------------------------------------
+# ZAYA1-VL (transformers pull request #46011, Zaya1VLForConditionalGeneration): the text model's tensors
+# under model.language_model.*, the vision LoRA pairs beside them, the vision tower under model.visual.*.
+# Written as blob format version 3 (docs/blob-format.md): the VL block at header offset 896.
+# ----------------------------------------------------------------------------------------------
+
+FORMAT_VERSION_VL = 3
+VL_HEADER_OFFSET = 896      # format version 3: the provenance is cut to 384 bytes, the VL block follows
+# transformers' Zaya1VLVisionConfig defaults (configuration_zaya1_vl.py)
+VL_VISION_DEFAULTS = {"depth": 32, "hidden_size": 1280, "hidden_act": "silu", "intermediate_size": 3420,
+                      "num_heads": 16, "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2,
+                      "temporal_patch_size": 1, "window_size": 112, "out_hidden_size": 2048,
+                      "fullatt_block_indexes": [7, 15, 23, 31]}
+VL_TEXT_DEFAULTS = {"vision_lora": True, "vision_lora_rank_attn": 8, "vision_lora_rank_mlp": 32}
+VL_IDS = {"image_token_id": 262147, "vision_start_token_id": 255999, "vision_end_token_id": 256000}
+
+
+def is_vl_config(cfg):
+    return cfg.get("model_type") == "zaya1_vl" or isinstance(cfg.get("vision_config"), dict)
+
+
+def vl_config(cfg, path):
+    """The native config of the language model plus c["vl"]: the vision tower, the LoRA ranks, the ids."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):       # hub configs may be flat: the text keys at the top level
+        text = {k: v for k, v in cfg.items() if k not in ("vision_config", "text_config")}
+    text = {**VL_TEXT_DEFAULTS, **text}
+    c = native_config({k: v for k, v in text.items() if k not in VL_TEXT_DEFAULTS}, path)
+    if text["vision_lora"] is not True:
+        fail("config value 'text_config.vision_lora' is not supported by zaya.c", path, "true", repr(text["vision_lora"]),
+             LIMITATION + " (ZAYA1-VL-8B has its vision LoRA)")
+    vc = cfg.get("vision_config") if isinstance(cfg.get("vision_config"), dict) else {}
+    vc = {**VL_VISION_DEFAULTS, **vc}
+    pos = lambda v: v > 0  # noqa: E731
+    v = {k: need(vc, k, int, f"{path}: vision_config", pos) for k in (
+        "depth", "hidden_size", "intermediate_size", "num_heads", "in_channels", "patch_size", "spatial_merge_size",
+        "temporal_patch_size", "window_size", "out_hidden_size")}
+    if vc["hidden_act"] != "silu":
+        fail("config value 'vision_config.hidden_act' is not supported by zaya.c", path, "'silu'", repr(vc["hidden_act"]))
+    full = vc["fullatt_block_indexes"]
+    if not isinstance(full, list) or len(full) > 16 or any(type(i) is not int or not 0 <= i < v["depth"] for i in full):
+        fail("config value 'vision_config.fullatt_block_indexes' is not supported", path,
+             f"at most 16 block indexes in 0..{v['depth'] - 1}", repr(full))
+    hd = v["hidden_size"] // v["num_heads"]
+    if v["hidden_size"] % v["num_heads"] or hd % 4 or hd > 1024 or v["depth"] > 64:
+        fail("vision_config is not supported by zaya.c", path, "heads dividing hidden_size with a head size that is a "
+             "multiple of 4 up to 1024, depth <= 64", f"hidden {v['hidden_size']}, heads {v['num_heads']}, depth {v['depth']}")
+    if v["out_hidden_size"] != c["hidden_size"]:
+        fail("vision_config.out_hidden_size differs from the decoder's hidden size", path, c["hidden_size"],
+             v["out_hidden_size"])
+    v["fullatt_block_indexes"] = list(full)
+    ids = {k: need({**VL_IDS, **cfg}, k, int, path, lambda x: 0 <= x < c["vocab_size"]) for k in VL_IDS}
+    ranks = {k: need(text, k, int, path, lambda x: 0 < x <= 4096) for k in ("vision_lora_rank_attn", "vision_lora_rank_mlp")}
+    c["vl"] = {"vision": v, **ids, **ranks}
+    return c
+
+
+def vl_source_name(name):
+    """The checkpoint name of a blob tensor in the ZAYA1-VL layout."""
+    if name.startswith("model.visual.") or name.startswith("lm_head."):
+        return name
+    if name == "model.norm.weight":
+        return "model.language_model.final_norm.weight"
+    name = name.replace(".mlp.gate.router_mlp.norm.", ".mlp.gate.router_mlp.rmsnorm_eda.")
+    return "model.language_model." + name[len("model."):]
+
+
+def vl_expected_tensors(c):
+    """The VL tensors of the blob (after the text model's): per layer the LoRA pairs, then the vision tower."""
+    vl, v = c["vl"], c["vl"]["vision"]
+    H, nq, nkv, d = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    E, I, ra, rm = c["num_experts"], c["moe_intermediate_size"], vl["vision_lora_rank_attn"], vl["vision_lora_rank_mlp"]
+    t = []
+    for i in range(c["num_hidden_layers"]):
+        a = f"model.layers.{i}.self_attn.qkv_proj."
+        for lora, out in (("q", nq * d), ("k", nkv * d), ("v_current", nkv * d // 2), ("v_delayed", nkv * d // 2)):
+            t += [(a + f"{lora}_lora_a.weight", (ra, H), "matrix"), (a + f"{lora}_lora_b.weight", (out, ra), "matrix")]
+        o = f"model.layers.{i}.self_attn."
+        t += [(o + "o_lora_a.weight", (ra, nq * d), "matrix"), (o + "o_lora_b.weight", (H, ra), "matrix")]
+        x = f"model.layers.{i}.mlp.experts."
+        t += [(x + "lora_gate_up_proj_a", (E, rm, H), "matrix"), (x + "lora_gate_up_proj_b", (E, 2 * I, rm), "matrix"),
+              (x + "lora_down_proj_a", (E, rm, I), "matrix"), (x + "lora_down_proj_b", (E, H, rm), "matrix")]
+    D, VI, U = v["hidden_size"], v["intermediate_size"], v["spatial_merge_size"] ** 2
+    pin = v["in_channels"] * v["temporal_patch_size"] * v["patch_size"] ** 2
+    t.append(("model.visual.patch_embed.proj.weight", (D, pin), "matrix"))   # Conv3d [D, C, T, P, P] as [D, C*T*P*P]
+    for i in range(v["depth"]):
+        b = f"model.visual.blocks.{i}."
+        t += [(b + "norm1.weight", (D,), "f32"), (b + "attn.qkv.weight", (3 * D, D), "matrix"),
+              (b + "attn.qkv.bias", (3 * D,), "f32"), (b + "attn.proj.weight", (D, D), "matrix"),
+              (b + "attn.proj.bias", (D,), "f32"), (b + "norm2.weight", (D,), "f32")]
+        for m, shape in (("gate_proj", (VI, D)), ("up_proj", (VI, D)), ("down_proj", (D, VI))):
+            t += [(b + f"mlp.{m}.weight", shape, "matrix"), (b + f"mlp.{m}.bias", (shape[0],), "f32")]
+    m = "model.visual.merger."
+    t += [(m + "ln_q.weight", (D,), "f32"), (m + "mlp.0.weight", (U * D, U * D), "matrix"),
+          (m + "mlp.0.bias", (U * D,), "f32"), (m + "mlp.2.weight", (v["out_hidden_size"], U * D), "matrix"),
+          (m + "mlp.2.bias", (v["out_hidden_size"],), "f32")]
+    return t
+
+
+def pack_vl_block(c):
+    """Format version 3's VL block (128 bytes at header offset 896)."""
+    vl, v = c["vl"], c["vl"]["vision"]
+    full = v["fullatt_block_indexes"]
+    return struct.pack("<32I", vl["image_token_id"], vl["vision_start_token_id"], vl["vision_end_token_id"],
+                       vl["vision_lora_rank_attn"], vl["vision_lora_rank_mlp"], v["depth"], v["hidden_size"],
+                       v["num_heads"], v["intermediate_size"], v["in_channels"], v["patch_size"],
+                       v["temporal_patch_size"], v["spatial_merge_size"], v["window_size"], v["out_hidden_size"],
+                       len(full), *(full + [0] * (16 - len(full))))
+
+
 def expected_tensors(c):
     """[(native name, shape, kind)] in forward order; kind 'matrix' = big linear weights that take
     the blob's weight dtype, 'f32' = everything kept in float32."""
@@ -544,6 +654,8 @@ def expected_tensors(c):
     t.append(("model.norm.weight", (H,), "f32"))
     if c.get("lm_head_bias"):      # the tied head's own bias (nn.Linear(H, V, bias=lm_head_bias))
         t.append(("lm_head.bias", (V,), "f32"))
+    if c.get("vl"):                # ZAYA1-VL: the LoRA pairs and the vision tower (format version 3)
+        t += vl_expected_tensors(c)
     return t
 
 
@@ -604,13 +716,16 @@ def plan_tensors(c, layout, where):
     """Match every expected tensor with its source(s); refuse missing, extra or misshapen ones."""
     plan, used = [], set()
     for name, shape, kind in expected_tensors(c):
-        srcs = [name] if layout == "native" else legacy_sources(name, c)
+        srcs = [name] if layout == "native" else [vl_source_name(name)] if layout == "vl" else legacy_sources(name, c)
         src_shape = shape if len(srcs) == 1 else shape[1:]
         for s in srcs:
             if s not in where:
                 fail("missing tensor", f"{s}" + (f" (for {name})" if s != name else ""),
                      hint="the checkpoint is incomplete or its config does not match its weights")
             got = where[s].tensors[s][1]
+            if layout == "vl" and name.endswith("patch_embed.proj.weight") and len(got) == 5 and \
+                    got[0] == src_shape[0] and got[1] * got[2] * got[3] * got[4] == src_shape[1]:
+                got = tuple(src_shape)          # the Conv3d [D, C, T, P, P] read as [D, C*T*P*P], same bytes
             if got != tuple(src_shape):
                 fail("tensor has the wrong shape", f"{where[s].path}: {s}", list(src_shape), list(got),
                      "the config.json does not match the weights")
@@ -629,7 +744,7 @@ def plan_tensors(c, layout, where):
 
 
 def check_tied_head(where, layout, c):
-    emb, head = "model.embed_tokens.weight", "lm_head.weight"
+    emb, head = "model.language_model.embed_tokens.weight" if layout == "vl" else "model.embed_tokens.weight", "lm_head.weight"
     se, sh = where[emb], where[head]
     if se.tensors[emb][:2] != sh.tensors[head][:2]:
         fail("lm_head.weight differs from the embedding it is tied to", sh.path,
@@ -726,7 +841,7 @@ def pack_header(c, layout, wformat, group, n_tensors, data_off, tok_off, tok_siz
     rot = [int(c["head_dim"] * c["partial_rotary_factor"][t]) for t in LAYER_TYPES]
     h = bytearray(HEADER_SIZE)
     struct.pack_into("<8sIIQQIIIIQQQ", h, 0, MAGIC, version, 0, file_size, HEADER_SIZE, n_tensors,
-                     DTYPE_CODES[wformat], group, 0 if layout == "native" else 1, data_off, tok_off, tok_size)
+                     DTYPE_CODES[wformat], group, 0 if layout in ("native", "vl") else 1, data_off, tok_off, tok_size)
     struct.pack_into("<14I2iI4i2I5fIIf", h, 128,
                      c["vocab_size"], c["hidden_size"], L, c["num_attention_heads"], c["num_key_value_heads"],
                      c["head_dim"], c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"],
@@ -738,8 +853,10 @@ def pack_header(c, layout, wformat, group, n_tensors, data_off, tok_off, tok_siz
                      (1 if c.get("attention_bias") else 0) | (2 if c.get("lm_head_bias") else 0),
                      c.get("router_norm_eps", c["rms_norm_eps"]) if c.get("router_norm_eps", c["rms_norm_eps"]) != c["rms_norm_eps"] else 0.0)
     h[256:256 + L] = bytes(LAYER_TYPES[t] for t in c["layer_types"])
-    prov = json.dumps(provenance, sort_keys=True).encode()[:511]
+    prov = json.dumps(provenance, sort_keys=True).encode()[:511 if version < FORMAT_VERSION_VL else 383]
     h[512:512 + len(prov)] = prov
+    if version >= FORMAT_VERSION_VL:
+        h[VL_HEADER_OFFSET:VL_HEADER_OFFSET + 128] = pack_vl_block(c)
     return h
 
 
@@ -883,7 +1000,10 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             except mlx_weights.MLXError as e:
                 raise ExportError(str(e))
         layout = detect_layout(cfg, where)
-        c = native_config(cfg, cfg_path) if layout == "native" else legacy_to_native_config(cfg, cfg_path)
+        if is_vl_config(cfg):    # ZAYA1-VL (format version 3)
+            layout = "vl"
+        c = (vl_config(cfg, cfg_path) if layout == "vl" else native_config(cfg, cfg_path) if layout == "native"
+             else legacy_to_native_config(cfg, cfg_path))
     check_config_limits(c, cfg_path)
     where = quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log)
     plan = plan_tensors(c, layout, where)
@@ -996,7 +1116,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
         provenance["experts"] = sorted({e[1] for e in entries if e[0] in native})[0]
     header = pack_header(c, layout, wformat, (group or DEFAULT_GROUP) if wformat == "int8" else 0, len(entries), data_off,
                          tok_off, len(tok), file_size, provenance,
-                         FORMAT_VERSION_QUANTIZED if native else FORMAT_VERSION)
+                         FORMAT_VERSION_VL if c.get("vl") else FORMAT_VERSION_QUANTIZED if native else FORMAT_VERSION)
     directory = b"".join(pack_entry(*e) for e in entries)
     struct.pack_into("<I", header, 12, zlib.crc32(directory, zlib.crc32(bytes(header))))
     w.f.seek(0)

@@ -14,6 +14,7 @@
 #include "dump.h"
 #include "replay.h"
 #include "kld.h"
+#include "image.h"
 
 #include <errno.h>
 #include <math.h>
@@ -116,6 +117,8 @@ static void usage(FILE *f) {
           "  --print-ids        print generated ids comma-separated instead of text\n"
           "  -m generate|chat   mode (default generate)\n"
           "  -y TEXT            system prompt for chat\n"
+          "  --image PATH       ZAYA1-VL: a PNG or PPM image before the text of -i (or chat's first message);\n"
+          "                     with --ids, the ids must hold one image token per image feature\n"
           "  --no-think         chat: ask for an answer without a thinking block\n"
           "Model options:\n"
           "  --skip-expert zero|passthrough   skip-expert output: upstream zero (default) or Zyphra fork\n"
@@ -136,6 +139,8 @@ static void usage(FILE *f) {
           "  --dump F.safetensors  the same tensors in one safetensors file (index.json's fields in __metadata__)\n"
           "  --dump-filter RE   only tensors whose name matches the POSIX extended regex RE\n"
           "  --list-taps        print the names and shapes of all tensors --dump writes\n"
+          "  --dump-vision DIR  ZAYA1-VL: every vision tower tensor of --image as DIR/NAME.npy (HF module paths,\n"
+          "                     [rows, cols] in the row order HF holds them: window order inside the blocks)\n"
           "  --replay PORT_DUMP with --dump OUT: every layer recomputed from the port's own input to it (the\n"
           "                     residual stream its dump holds); compare.py --local PORT_DUMP OUT says where\n"
           "                     an error enters (docs/compare.md)\n"
@@ -212,7 +217,7 @@ static float parse_float(const char *flag, const char *v, float lo, float hi) {
 
 typedef struct {
     const char *model_path, *prompt, *ids, *dump_dir, *dump_filter, *replay_dir, *system_prompt, *decode_ids, *mode;
-    const char *kld_base, *corpus;
+    const char *kld_base, *corpus, *image, *dump_vision;
     int steps, steps_given, print_ids, skip_expert, precision, placement, ctx, threads, batch, verify, hugepages, mmap, list_taps, encode, no_think;
     int chunks;
     int trace_pos, trace_layer;
@@ -252,7 +257,8 @@ static Options parse_args(int argc, char **argv) {
         }
         static const char *with_value[] = {"-i", "--ids", "-n", "-t", "-p", "-s", "-m", "-y", "--skip-expert", "--precision", "--ctx",
                                            "--threads", "--batch", "--dump", "--dump-filter", "--replay", "--trace", "--trace-layer",
-                                           "--decode", "--kld-base", "-f", "--chunks", NULL};
+                                           "--decode", "--kld-base", "-f", "--chunks", "--image", "--dump-vision",
+                                           NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) die("unknown option \"%s\"\n  hint: see zaya -h for the list of options", a);
@@ -287,6 +293,8 @@ static Options parse_args(int argc, char **argv) {
         else if (!strcmp(a, "--kld-base")) o.kld_base = v;
         else if (!strcmp(a, "-f")) o.corpus = v;
         else if (!strcmp(a, "--chunks")) o.chunks = (int)parse_int(a, v, 1, 1 << 30);
+        else if (!strcmp(a, "--image")) o.image = v;
+        else if (!strcmp(a, "--dump-vision")) o.dump_vision = v;
     }
     if (!o.model_path) { usage(stderr); die("no model file given\n  hint: zaya MODEL.bin -i \"prompt\" (export MODEL.bin with export_weights.py)"); }
     if (o.prompt && o.ids) die("give the prompt either as -i TEXT or as --ids, not both");
@@ -316,6 +324,7 @@ typedef struct {
     uint64_t rng;
     ProbIndex *scratch;
     int sample_limit;          /* ids >= this are never sampled (not in the tokenizer) */
+    int image_tokens;          /* ZAYA1-VL --image: image tokens chat's first message still has to take */
     double prefill_s, decode_s;
     int prefill_n, decode_n;
 } Runner;
@@ -438,6 +447,43 @@ static void run_encode(const ZayaTokenizer *tok) {
 }
 
 /* Feeds rendered chat text to the model (encoded without special tokens: it carries its own <bos>). */
+/* ZAYA1-VL: ids[0..n) with the image block [vision_start, image x k, vision_end] inserted at `at`. */
+static int *insert_image_block(const ZayaModel *m, const int *ids, int n, int at, int k, int *n_out) {
+    int *out = malloc(sizeof(int) * ((size_t)n + (size_t)k + 2));
+    if (!out) die("out of memory");
+    memcpy(out, ids, sizeof(int) * (size_t)at);
+    out[at] = m->vision_start_id;
+    for (int j = 0; j < k; j++) out[at + 1 + j] = m->image_token_id;
+    out[at + 1 + k] = m->vision_end_id;
+    memcpy(out + at + k + 2, ids + at, sizeof(int) * (size_t)(n - at));
+    *n_out = n + k + 2;
+    return out;
+}
+
+/* Chat's first message with an image: before + the image block + after, fed as one prompt. */
+static void feed_with_image(Runner *r, const char *before, const char *after) {
+    int *a = NULL, *b = NULL, n;
+    size_t na = 0, nb = 0;
+    if (zaya_tok_encode(r->m->tokenizer, before, strlen(before), 0, &a, &na) != 0 ||
+        zaya_tok_encode(r->m->tokenizer, after, strlen(after), 0, &b, &nb) != 0)
+        die("out of memory while encoding");
+    int *joined = malloc(sizeof(int) * (na + nb + 1));
+    if (!joined) die("out of memory");
+    memcpy(joined, a, sizeof(int) * na);
+    memcpy(joined + na, b, sizeof(int) * nb);
+    int *ids = insert_image_block(r->m, joined, (int)(na + nb), (int)na, r->image_tokens, &n);
+    if (r->s->pos + n > r->s->ctx)
+        die("the first message with its image (%d tokens) does not fit the context of %d\n  hint: raise --ctx", n,
+            r->s->ctx);
+    if (r->o->print_ids) {    /* as feed_text: what the model is fed, on stderr */
+        fprintf(stderr, "[fed");
+        for (int i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, "]\n");
+    }
+    run_prompt(r, ids, n);
+    free(a), free(b), free(joined), free(ids);
+}
+
 static void feed_text(Runner *r, const char *text) {
     int *ids = NULL;
     size_t n = 0;
@@ -490,9 +536,14 @@ static void run_chat(Runner *r) {
         }
         have_line = 0;
         chomp(line, &len);
-        char *text;
+        char *text, *with_image = NULL;
+        if (turn == 0 && r->image_tokens) {   /* ZAYA1-VL: a mark where the image block goes */
+            with_image = malloc(strlen(line) + 2);
+            if (!with_image) die("out of memory");
+            strcpy(with_image, "\x01"), strcat(with_image, line);
+        }
         if (turn == 0) {   /* <bos>, the system prompt, the first user turn, the generation prompt */
-            ZayaChatMessage msgs[2] = {{"system", r->o->system_prompt}, {"user", line}};
+            ZayaChatMessage msgs[2] = {{"system", r->o->system_prompt}, {"user", with_image ? with_image : line}};
             text = r->o->system_prompt ? zaya_tok_chat_render(tok, msgs, 2, 1, think, NULL)
                                        : zaya_tok_chat_render(tok, msgs + 1, 1, 1, think, NULL);
         } else {           /* the user turn and the generation prompt */
@@ -503,8 +554,14 @@ static void run_chat(Runner *r) {
             free(gen);
         }
         if (!text) die("out of memory rendering the chat turn");
-        feed_text(r, text);
+        char *mark = with_image ? strchr(text, '\x01') : NULL;
+        if (mark) {   /* the text before the mark, the image block, the rest: one prompt */
+            *mark = 0;
+            feed_with_image(r, text, mark + 1);
+            r->image_tokens = 0;
+        } else feed_text(r, text);
         free(text);
+        free(with_image);
         turn++;
 
         if (!interactive && (len = getline(&line, &cap, stdin)) >= 0) {
@@ -604,6 +661,47 @@ static void replay(const ZayaModel *m, ZayaState *s, const Options *o, Dump *dum
     free(info.tokens);
 }
 
+/* --dump-vision: one vision tap as DIR/NAME.npy, float32 [rows, cols] (a failed write ends the run). */
+static void write_vision_tap(void *ctx, const char *name, const float *x, int rows, int cols) {
+    char path[4096], header[128];
+    snprintf(path, sizeof path, "%s/%s.npy", (const char *)ctx, name);
+    int len = snprintf(header, sizeof header, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows,
+                       cols);
+    while ((10 + len + 1) % 64) header[len++] = ' ';
+    header[len++] = '\n';
+    const unsigned char magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(len & 255),
+                                     (unsigned char)(len >> 8)};
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(magic, 1, 10, f) != 10 || fwrite(header, 1, (size_t)len, f) != (size_t)len ||
+        fwrite(x, sizeof(float), (size_t)rows * cols, f) != (size_t)rows * cols || fclose(f) != 0)
+        die("--dump-vision: cannot write %s: %s\n  hint: the folder must exist and be writable", path, strerror(errno));
+}
+
+/* ZAYA1-VL --image: the file decoded and preprocessed as the official processor does (image.c), then the
+ * vision tower (vision.c) -> features [*n, hidden_size] for the prompt's image tokens. */
+static float *encode_image(const ZayaModel *m, const char *path, int threads, const char *dump_dir, int *n) {
+    char err[1024];
+    if (!m->vl) die("--image needs a ZAYA1-VL model\n  found:    %s is a text-only blob\n  hint: export a ZAYA1-VL "
+                    "checkpoint (model_type zaya1_vl) with export_weights.py", path);
+    ZayaImage img;
+    float *pixels = NULL;
+    int gh, gw;
+    double t0 = now_s();
+    if (zaya_image_read(path, &img, err, sizeof err) != 0 ||
+        zaya_image_pixels(&img, &m->vision.config, &pixels, &gh, &gw, err, sizeof err) != 0)
+        die("%s", err);
+    *n = zaya_vision_tokens(&m->vision.config, gh, gw);
+    float *features = malloc(sizeof(float) * (size_t)*n * m->config.hidden_size + 1);
+    if (!features) die("out of memory for %d image features", *n);
+    if (zaya_vision_encode(&m->vision, threads, pixels, gh, gw, features, dump_dir ? write_vision_tap : NULL,
+                           (void *)dump_dir, err, sizeof err) != 0)
+        die("%s", err);
+    fprintf(stderr, "image: %s, %d x %d -> %d x %d patches, %d image tokens, encoded in %.3f s\n", path, img.width,
+            img.height, gw, gh, *n, now_s() - t0);
+    free(img.rgb), free(pixels);
+    return features;
+}
+
 int main(int argc, char **argv) {
     Options o = parse_args(argc, argv);
     char err[1024];
@@ -655,10 +753,25 @@ int main(int argc, char **argv) {
         zaya_free(&m);
         return 0;
     }
-    int n_prompt = 0;
+    int n_prompt = 0, n_features = 0;
     int *prompt = NULL;
+    if (o.dump_vision && !o.image)
+        die("--dump-vision writes the vision tower's tensors for --image: give --image PATH");
+    float *features = o.image ? encode_image(&m, o.image, o.threads, o.dump_vision, &n_features) : NULL;
     if (o.ids) prompt = parse_ids("--ids", o.ids, c->vocab_size, &n_prompt);
     else if (o.prompt) prompt = encode_prompt(need_tokenizer(&m, "-i"), o.prompt, &n_prompt);
+    if (features && o.prompt) {   /* -i with --image: <bos>, the image block, the text */
+        int n_with, *with = insert_image_block(&m, prompt, n_prompt, m.tokenizer->n_prefix, n_features, &n_with);
+        free(prompt);
+        prompt = with, n_prompt = n_with;
+    } else if (features && o.ids) {
+        int k = 0;
+        for (int t = 0; t < n_prompt; t++) k += prompt[t] == m.image_token_id;
+        if (k != n_features)
+            die("--ids has %d image tokens (id %d) but the image gives %d features\n  expected: one image token per "
+                "feature, inside vision_start (%d) ... vision_end (%d)", k, m.image_token_id, n_features,
+                m.vision_start_id, m.vision_end_id);
+    }
     Dump dump = {0};
     dump.fd = -1;
     if (o.dump_dir) {
@@ -703,14 +816,17 @@ int main(int argc, char **argv) {
     }
     /* never sample an id the tokenizer cannot print (the embedding has padding rows beyond it) */
     int limit = m.tokenizer && m.tokenizer->n_tokens < c->vocab_size ? m.tokenizer->n_tokens : c->vocab_size;
-    Runner r = {&m, &s, &o, o.seed ? o.seed : 0x9E3779B97F4A7C15ull, NULL, limit, 0, 0, 0, 0};
+    Runner r = {&m, &s, &o, o.seed ? o.seed : 0x9E3779B97F4A7C15ull, NULL, limit, 0, 0, 0, 0, 0};
+    if (features && zaya_set_images(&m, &s, features, n_features, err, sizeof err) != 0) die("%s", err);
+    if (features && chat) r.image_tokens = n_features;
     r.scratch = malloc(sizeof(ProbIndex) * 2 * (size_t)c->vocab_size);
     if (!r.scratch) die("out of memory");
     if (chat) run_chat(&r);
     else {
         if (o.dump_dir) {   /* a batch at a time, so that a write error stops the run early */
-            for (int i = 0; i < n_prompt; i += s.batch) {
-                run_prompt(&r, prompt + i, n_prompt - i < s.batch ? n_prompt - i : s.batch);
+            const int step = features ? s.capacity : s.batch;   /* ZAYA1-VL: the image tokens in one call */
+            for (int i = 0; i < n_prompt; i += step) {
+                run_prompt(&r, prompt + i, n_prompt - i < step ? n_prompt - i : step);
                 if (dump_error(&dump)) die("%s", dump_error(&dump));
             }
             /* the state after the last prompt position, then what marks the dump complete */
@@ -732,6 +848,7 @@ int main(int argc, char **argv) {
     report_speed(&r, load_s);
     free(r.scratch);
     free(prompt);
+    free(features);
     zaya_state_free(&s);
     zaya_free(&m);
     return 0;

@@ -24,7 +24,7 @@
 /* ---------------------------------------------------------------------------------------------
  * 1. The activations of a batch, and taps
  *
- * forward() runs n <= ZAYA_BATCH tokens at positions pos .. pos+n-1 at once: row t of every
+ * forward() runs n <= s->capacity (ZAYA_BATCH) tokens at positions pos .. pos+n-1 at once: row t of every
  * buffer below belongs to token t, so each weight matrix is read once for the n tokens. Symbols
  * are arch §3's: H hidden, nq/nkv query/KV heads of d, C = (nq+nkv)*d, R router width, E experts.
  * ------------------------------------------------------------------------------------------- */
@@ -50,6 +50,12 @@ typedef struct ZayaActivations {
     float *expert_weight;       /* the chosen class's weight [B] */
     float *expert_in, *expert_hidden, *expert_out;   /* the tokens of one expert [B, H], [B, 2I], [B, H] (§3.15) */
     int *expert;                /* the chosen router class [B] (E = skip) */
+    int *expert_tokens;         /* the batch rows routed to one expert [B] */
+    /* ZAYA1-VL only (NULL otherwise): a LoRA pair's rank-r middle [B, r] and output [B, out]; an image
+     * position's keys and values gathered for the bidirectional mask [nkv, <= ctx, d] */
+    float *lora_r, *lora_out, *image_keys, *image_values;
+    unsigned char *image;       /* 1 where token t of the batch is an image position [B] */
+    unsigned char *expert_image;   /* the same for the rows routed to one expert [B] */
 } Activations;
 
 /* What a step works on besides its tensors: n tokens at positions pos .. pos+n-1 of layer `layer`
@@ -63,6 +69,8 @@ typedef struct {
     int layer, pos, n;
     int precision;              /* ZAYA_PRECISION_*: where the official run holds bf16 tensors */
     int placement;              /* ZAYA_BF16_* flags: steps another bf16 engine computes in float32 */
+    const unsigned char *image; /* ZAYA1-VL: image positions of the batch [n] (the vision LoRA), or NULL */
+    int both_ways;              /* ZAYA1-VL: image positions attend to each other in both directions */
 } Batch;
 
 /* x as the official code holds it: with --precision bf16 that tensor is bfloat16 in the official run,
@@ -132,11 +140,16 @@ static void add_bias(float *y, int stride, const float *bias, int len, int n) {
 /* §3.1 HF ZayaModel.forward: e = embed_tokens[id]; r = (e + input_hidden_states_bias) *
  * input_hidden_states_scale, no sqrt(H) factor; bf16: e, the sum and the product are bf16, then r
  * is kept float32 (the residual stream); ZAYA_BF16_FP32_RESIDUAL: the sum and product float32. ids [n] -> r [n, H] */
-static void embed(const Batch *b, const ZayaModel *m, const int *tokens, float *e, float *r) {
+static void embed(const Batch *b, const ZayaModel *m, const int *tokens, const float *features, float *e, float *r) {
     const int H = b->c->hidden_size;
     for (int t = 0; t < b->n; t++) matrix_row(&m->embed_tokens, tokens[t], e + (size_t)t * H);
     held_rows(b, e, H, H, b->n);
     tap(b, "model.embed_tokens", e, H, H, 0);
+    for (int t = 0, k = 0; b->image && t < b->n; t++)   /* §V.8 HF masked_scatter: image rows in order */
+        if (b->image[t]) {
+            for (int i = 0; i < H; i++) e[(size_t)t * H + i] = held(b, features[(size_t)k * H + i]);
+            k++;
+        }
     for (int t = 0; t < b->n; t++)
         for (int i = 0; i < H; i++) {
             const float sum = held_unless(b, ZAYA_BF16_FP32_RESIDUAL, e[(size_t)t * H + i] + m->input_hidden_states_bias[i]);
@@ -179,6 +192,30 @@ static void linear(const Batch *b, const char *name, float *y, const ZayaMatrix 
     if (bias) add_bias(y, w->rows, bias, w->rows, b->n);
     held_rows(b, y, w->rows, w->rows, b->n);
     tap(b, name, y, w->rows, w->rows, 0);
+}
+
+/* §V.9 HF _apply_masked_lora (Zaya1VL*): y[t] += B (A x[t]) at the batch's image positions `image`
+ * (upstream runs the pair on every token and multiplies by the 0/1 mask: text rows are unchanged).
+ * bf16: A x and B (A x) each rounded, then the sum. x [n, xs] (A.cols read), y [n, ys] (B.rows written) */
+static void masked_lora(const Batch *b, const ZayaMatrix *A, const ZayaMatrix *B, const float *x, int xs, float *y,
+                        int ys, const unsigned char *image, int n) {
+    float *mid = b->act->lora_r, *out = b->act->lora_out;
+    matmul(b->kern, mid, A->rows, A, x, xs, n);
+    held_rows(b, mid, A->rows, A->rows, n);
+    matmul(b->kern, out, B->rows, B, mid, A->rows, n);
+    held_rows(b, out, B->rows, B->rows, n);
+    for (int t = 0; t < n; t++)
+        for (int i = 0; image[t] && i < B->rows; i++)
+            y[(size_t)t * ys + i] = held(b, y[(size_t)t * ys + i] + out[(size_t)t * B->rows + i]);
+}
+
+/* §V.9 HF Zaya1VLCCAProjection: the vision LoRA of q_proj and k_proj, added to u = [q~ ; k~] before the
+ * convolutions and the residual mix. h [n, H] -> u [n, C] */
+static void vision_lora_qk(const Batch *b, const ZayaLayer *L, const float *h, float *u) {
+    const int QD = L->q_proj.rows, C = QD + L->k_proj.rows, H = L->q_proj.cols;
+    if (!b->image) return;
+    masked_lora(b, &L->q_lora_a, &L->q_lora_b, h, H, u, C, b->image, b->n);
+    masked_lora(b, &L->k_lora_a, &L->k_lora_b, h, H, u + QD, C, b->image, b->n);
 }
 
 /* §3.3 HF ZayaCCAProjection: q~ = q_proj h, k~ = k_proj h (+ biases), side by side: u = [q~ ; k~].
@@ -287,6 +324,10 @@ static void values(const Batch *b, const ZayaLayer *L, float *delayed_value, con
     held_rows(b, vd, half, half, b->n);
     tap(b, "self_attn.qkv_proj.v_proj_current", v, VD, half, 0);
     tap(b, "self_attn.qkv_proj.v_proj_delayed", vd, half, half, 0);
+    if (b->image) {   /* §V.9 ZAYA1-VL: the vision LoRA of both value projections, before the delay */
+        masked_lora(b, &L->v_current_lora_a, &L->v_current_lora_b, h, L->v_proj_current.cols, v, VD, b->image, b->n);
+        masked_lora(b, &L->v_delayed_lora_a, &L->v_delayed_lora_b, h, L->v_proj_delayed.cols, vd, half, b->image, b->n);
+    }
     for (int t = 0; t < b->n; t++) {   /* token after token: the previous token's delayed value, then its own */
         memcpy(v + (size_t)t * VD + half, delayed_value, sizeof(float) * (size_t)half);
         memcpy(delayed_value, vd + (size_t)t * half, sizeof(float) * (size_t)half);
@@ -355,6 +396,33 @@ static void rope(const Batch *b, int type, float *q, float *key) {
  * softmax(q . k * d^-1/2) . v (sliding layers: the last sliding_window positions); bf16: the
  * kernel rounds where eager_attention_forward holds bf16 (q . k, scaled, probabilities, output).
  * q [n, nq*d], key and v [n, nkv*d] -> [n, nq*d] */
+/* §V.10 the bidirectional image mask (HF Zaya1VLTextModel.forward: the causal mask cleared for every pair
+ * of image positions of the prompt): image position pos attends to the keys first..pos its causal (or
+ * sliding) mask allows and to every image position of the batch, in position order. The keys gathered
+ * into a cache of their own [nkv, keys, d]: the batch's from key and v, earlier ones from the layer's
+ * cache. Returns that cache. */
+static int attends(const Batch *b, int k, int first, int pos) {   /* key k is unmasked for image position pos */
+    return (k >= first && k <= pos) || (k >= b->pos && b->image[k - b->pos]);
+}
+
+static KvCache image_keys(const Batch *b, const KvCache *kv, const float *key, const float *v, int first, int pos) {
+    const int nkv = kv->nkv, d = kv->d, end = b->pos + b->n, from = first < b->pos ? first : b->pos;
+    int keys = 0;
+    for (int k = from; k < end; k++) keys += attends(b, k, first, pos);
+    const KvCache g = {b->act->image_keys, b->act->image_values, keys, nkv, d};
+    for (int k = from, j = 0; k < end; k++) {
+        if (!attends(b, k, first, pos)) continue;
+        for (int h = 0; h < nkv; h++) {
+            const float *ks = k >= b->pos ? key + ((size_t)(k - b->pos) * nkv + h) * d : kv->keys + kv_row(kv, h, k);
+            const float *vs = k >= b->pos ? v + ((size_t)(k - b->pos) * nkv + h) * d : kv->values + kv_row(kv, h, k);
+            memcpy(g.keys + kv_row(&g, h, j), ks, sizeof(float) * (size_t)d);
+            memcpy(g.values + kv_row(&g, h, j), vs, sizeof(float) * (size_t)d);
+        }
+        j++;
+    }
+    return g;
+}
+
 static void self_attention(const Batch *b, int type, ZayaLayerState *ls, const float *q, const float *key,
                            const float *v, float *out) {
     const ZayaConfig *c = b->c;
@@ -369,10 +437,13 @@ static void self_attention(const Batch *b, int type, ZayaLayerState *ls, const f
         }
         const int window_start = pos - c->sliding_window + 1;
         const int first = type == ZAYA_HYBRID_SLIDING && window_start > 0 ? window_start : 0;
-        attention(b->kern, out + (size_t)t * nq * d, b->act->att, q + (size_t)t * nq * d, nq, &kv, first, pos, scale,
-                  b->precision != ZAYA_PRECISION_FP32);
+        const int both_ways = b->both_ways && b->image[t];   /* §V.10 an image position of the prompt */
+        const KvCache g = both_ways ? image_keys(b, &kv, key, v, first, pos) : kv;
+        attention(b->kern, out + (size_t)t * nq * d, b->act->att, q + (size_t)t * nq * d, nq, &g,
+                  both_ways ? 0 : first, both_ways ? g.cache_len - 1 : pos, scale, b->precision != ZAYA_PRECISION_FP32);
         if (b->tap) {   /* [nq, keys]: HF's attn_weights row without the masked zeros (ragged) */
-            const ZayaTap w = {"self_attn:attn_weights", b->layer, pos, 0, 2, {nq, pos - first + 1}, b->act->att, 1};
+            const int keys = both_ways ? g.cache_len : pos - first + 1;
+            const ZayaTap w = {"self_attn:attn_weights", b->layer, pos, 0, 2, {nq, keys}, b->act->att, 1};
             b->tap(b->tap_ctx, &w);
         }
     }
@@ -458,7 +529,7 @@ static void experts(const Batch *b, const ZayaLayer *L, int skip_mode, const flo
     Activations *act = b->act;
     const int H = b->c->hidden_size, E = b->c->num_experts, I = b->c->moe_intermediate;
     for (int e = 0; e < E; e++) {
-        int idx[ZAYA_BATCH], cnt = 0;
+        int *idx = act->expert_tokens, cnt = 0;
         for (int t = 0; t < b->n; t++)
             if (expert[t] == e) {
                 memcpy(act->expert_in + (size_t)cnt * H, h + (size_t)t * H, sizeof(float) * (size_t)H);
@@ -467,14 +538,28 @@ static void experts(const Batch *b, const ZayaLayer *L, int skip_mode, const flo
         if (!cnt) continue;   /* only the chosen experts' weights are read */
         const ZayaMatrix gate_up = matrix_rows(&L->experts_gate_up, e * 2 * I, 2 * I);
         const ZayaMatrix down = matrix_rows(&L->experts_down, e * H, H);
+        unsigned char *image = act->expert_image;   /* §V.9 ZAYA1-VL: the expert's LoRA at its image tokens */
+        for (int j = 0; b->image && j < cnt; j++) image[j] = b->image[idx[j]];
         matmul(b->kern, act->expert_hidden, 2 * I, &gate_up, act->expert_in, H, cnt);
         held_rows(b, act->expert_hidden, 2 * I, 2 * I, cnt);
+        if (b->image) {
+            const int r = L->experts_lora_gate_up_a.rows / E;
+            const ZayaMatrix A = matrix_rows(&L->experts_lora_gate_up_a, e * r, r);
+            const ZayaMatrix B = matrix_rows(&L->experts_lora_gate_up_b, e * 2 * I, 2 * I);
+            masked_lora(b, &A, &B, act->expert_in, H, act->expert_hidden, 2 * I, image, cnt);
+        }
         for (int j = 0; j < cnt; j++) {
             float *gate = act->expert_hidden + (size_t)j * 2 * I, *up = gate + I;
             for (int i = 0; i < I; i++) gate[i] = held(b, silu_held(b, gate[i]) * up[i]);
         }
         matmul(b->kern, act->expert_out, H, &down, act->expert_hidden, 2 * I, cnt);
         held_rows(b, act->expert_out, H, H, cnt);
+        if (b->image) {
+            const int r = L->experts_lora_down_a.rows / E;
+            const ZayaMatrix A = matrix_rows(&L->experts_lora_down_a, e * r, r);
+            const ZayaMatrix B = matrix_rows(&L->experts_lora_down_b, e * H, H);
+            masked_lora(b, &A, &B, act->expert_hidden, 2 * I, act->expert_out, H, image, cnt);
+        }
         for (int j = 0; j < cnt; j++)
             for (int i = 0; i < H; i++)
                 y[(size_t)idx[j] * H + i] = held(b, weight[idx[j]] * act->expert_out[(size_t)j * H + i]);
@@ -529,6 +614,7 @@ static void decoder_layer(Batch *b, const ZayaModel *m, ZayaState *s, int i) {
     b->layer = i;
     residual_norm(b, "input_layernorm", a->h, a->r, L->input_layernorm, H, eps); /* §3.2  [n, H] */
     cca_projections(b, L, a->h, a->u);                                          /* §3.3  -> u [n, C] */
+    vision_lora_qk(b, L, a->h, a->u);                                           /* §V.9  VL: u += LoRA at images */
     cca_convolutions(b, L, ls->conv_state, a->u, a->z);                         /* §3.4  -> z [n, C] */
     residual_mix(b, a->u, a->q_res, a->k_res);                                  /* §3.5  -> [n, nq|nkv, d] */
     qk_assembly(b, a->z, a->q_res, a->k_res, a->q, a->key);                     /* §3.6  -> q, k */
@@ -537,6 +623,8 @@ static void decoder_layer(Batch *b, const ZayaModel *m, ZayaState *s, int i) {
     rope(b, c->layer_types[i], a->q, a->key);                                   /* §3.9 */
     self_attention(b, c->layer_types[i], ls, a->q, a->key, a->v, a->attn_out);  /* §3.10 -> [n, nq*d] */
     linear(b, "self_attn.o_proj", a->branch, &L->o_proj, L->o_proj_bias, a->attn_out);  /* §3.11 -> [n, H] */
+    if (b->image) masked_lora(b, &L->o_lora_a, &L->o_lora_b, a->attn_out, L->o_proj.cols, a->branch, H,
+                              b->image, b->n);                                  /* §V.9  VL: o_proj's LoRA */
     residual_scaling(b, "post_attention_residual_scale", a->r, a->branch,
                      &L->post_attention_residual_scale);                        /* §3.12 */
     residual_norm(b, "post_attention_layernorm", a->h, a->r, L->post_attention_layernorm, H,
@@ -556,12 +644,27 @@ static void lm_output(Batch *b, const ZayaModel *m, ZayaState *s) {
 }
 
 static Batch batch_of(const ZayaModel *m, const ZayaState *s, int layer, int n) {
-    return (Batch){&m->config, s->act, s->kernels, s->tap, s->tap_ctx, layer, s->pos, n, s->precision, s->placement};
+    return (Batch){&m->config, s->act, s->kernels, s->tap, s->tap_ctx, layer, s->pos, n, s->precision, s->placement,
+                   NULL, 0};
+}
+
+/* §V.8 ZAYA1-VL: the batch's image positions: its image placeholder tokens while image features remain
+ * (zaya_set_images). Returns the first feature row they take; s->image_next moves past them. */
+static const float *image_positions(Batch *b, const ZayaModel *m, ZayaState *s, const int *tokens) {
+    const float *first = s->image_features + (size_t)s->image_next * m->config.hidden_size;
+    int count = 0;
+    for (int t = 0; s->image_features && t < b->n; t++)
+        count += s->act->image[t] = tokens[t] == m->image_token_id && s->image_next + count < s->n_image_features;
+    b->image = count ? s->act->image : NULL;
+    b->both_ways = count && s->image_both_ways;
+    s->image_next += count;
+    return first;
 }
 
 static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) {
     Batch b = batch_of(m, s, -1, n);
-    embed(&b, m, tokens, s->act->e, s->act->r);                                 /* §3.1  ids -> r [n, H] */
+    const float *features = image_positions(&b, m, s, tokens);                  /* §V.8  VL: which take images */
+    embed(&b, m, tokens, features, s->act->e, s->act->r);                       /* §3.1  ids -> r [n, H] */
     for (int i = 0; i < m->config.num_layers; i++) decoder_layer(&b, m, s, i);  /* §3.2-3.16, HF ZayaDecoderLayer */
     lm_output(&b, m, s);                                                        /* §3.17-3.18 -> logits [V] */
     s->pos += n;
@@ -571,10 +674,10 @@ static void forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n) 
  * 4. The decoding state (arch §4) and the public entry points
  * ------------------------------------------------------------------------------------------- */
 
-/* The activations' float buffers and their lengths for config c (B = ZAYA_BATCH tokens). */
+/* The activations' float buffers and their lengths for config c and batches of B tokens. */
 #define ACT_BUFFERS 32
 static void act_buffers(Activations *a, float **buf[ACT_BUFFERS], size_t len[ACT_BUFFERS], const ZayaConfig *c,
-                        int ctx) {
+                        int ctx, size_t B) {
     float **all[ACT_BUFFERS] = {&a->e, &a->r, &a->h, &a->u, &a->conv_seq, &a->conv_a, &a->conv_cols, &a->z,
                                 &a->q_res, &a->k_res, &a->q, &a->key, &a->v, &a->vd, &a->rope_cos, &a->rope_sin,
                                 &a->att, &a->attn_out, &a->branch, &a->router_down, &a->router_state,
@@ -585,7 +688,7 @@ static void act_buffers(Activations *a, float **buf[ACT_BUFFERS], size_t len[ACT
     if (!len) return;
     const size_t H = (size_t)c->hidden_size, d = (size_t)c->head_dim, nq = (size_t)c->num_heads,
                  nkv = (size_t)c->num_kv_heads, C = (nq + nkv) * d, E1 = (size_t)c->num_experts + 1,
-                 I = (size_t)c->moe_intermediate, R = (size_t)c->router_hidden, B = ZAYA_BATCH;
+                 I = (size_t)c->moe_intermediate, R = (size_t)c->router_hidden;
     const size_t n[ACT_BUFFERS] = {B * H, B * H, B * H, B * C, ((size_t)conv_state_len(c) + B) * C,
                                    ((size_t)c->cca_time1 - 1 + B) * C, B * C * (size_t)c->cca_time1, B * C, B * nq * d,
                                    B * nkv * d, B * nq * d, B * nkv * d, B * nkv * d, B * nkv * d / 2, d, d,
@@ -604,6 +707,8 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, int threads, char
     const size_t d = (size_t)c->head_dim, nkv = (size_t)c->num_kv_heads, C = (size_t)c->num_heads * d + nkv * d;
     s->ctx = ctx;
     s->batch = ZAYA_BATCH;
+    s->capacity = m->vl && ctx > ZAYA_BATCH ? (ctx < ZAYA_VL_BATCH ? ctx : ZAYA_VL_BATCH) : ZAYA_BATCH;
+    const size_t B = (size_t)s->capacity;
     s->num_layers = c->num_layers;
     s->layers = calloc((size_t)c->num_layers, sizeof(ZayaLayerState));
     s->act = calloc(1, sizeof(Activations));
@@ -619,14 +724,25 @@ int zaya_state_init(ZayaState *s, const ZayaModel *m, int ctx, int threads, char
     }
     float **bufs[ACT_BUFFERS];
     size_t lens[ACT_BUFFERS];
-    if (ok) act_buffers(s->act, bufs, lens, c, ctx);
+    if (ok) act_buffers(s->act, bufs, lens, c, ctx, B);
     for (int k = 0; ok && bufs[k]; k++) ok = (*bufs[k] = calloc_lines(lens[k], sizeof(float))) != NULL;
-    if (ok) ok = (s->act->expert = calloc(ZAYA_BATCH, sizeof(int))) != NULL;
+    if (ok) ok = (s->act->expert = calloc(B, sizeof(int))) && (s->act->expert_tokens = calloc(B, sizeof(int)));
+    if (ok && m->vl) {   /* ZAYA1-VL: the LoRA pairs' scratch and the bidirectional mask's gathered keys */
+        const int r = m->lora_rank_attn > m->lora_rank_mlp ? m->lora_rank_attn : m->lora_rank_mlp;
+        const size_t H = (size_t)c->hidden_size, QD = (size_t)c->num_heads * d;
+        size_t out = H > QD ? H : QD;
+        out = out > 2 * (size_t)c->moe_intermediate ? out : 2 * (size_t)c->moe_intermediate;
+        ok = (s->act->lora_r = calloc_lines(B * r, sizeof(float))) &&
+             (s->act->lora_out = calloc_lines(B * out, sizeof(float))) &&
+             (s->act->image_keys = calloc_lines((size_t)ctx * nkv * d, sizeof(float))) &&
+             (s->act->image_values = calloc_lines((size_t)ctx * nkv * d, sizeof(float))) &&
+             (s->act->image = calloc(B, 1)) && (s->act->expert_image = calloc(B, 1));
+    }
     if (ok) ok = (s->logits = calloc_lines(LOGIT_ROWS * (size_t)c->vocab_size, sizeof(float))) != NULL;
     int max_in = c->hidden_size > c->num_heads * c->head_dim ? c->hidden_size : c->num_heads * c->head_dim;
     max_in = max_in > c->moe_intermediate ? max_in : c->moe_intermediate;
     max_in = max_in > c->router_hidden ? max_in : c->router_hidden;
-    if (ok) ok = (s->kernels = kernels_new(threads, max_in, ZAYA_BATCH)) != NULL;
+    if (ok) ok = (s->kernels = kernels_new(threads, max_in, (int)B)) != NULL;
     if (!ok) {
         zaya_state_free(s);
         return zaya_fail(err, errlen, "out of memory allocating the state for %d positions\n"
@@ -650,6 +766,8 @@ void zaya_state_reset(ZayaState *s, const ZayaModel *m) {
         else memset(ls->delayed_value, 0, nkv * d / 2 * sizeof(float));
     }
     s->pos = 0;
+    s->image_features = NULL;   /* ZAYA1-VL: no images until zaya_set_images */
+    s->n_image_features = s->image_next = s->image_both_ways = 0;
 }
 
 void zaya_state_free(ZayaState *s) {
@@ -662,9 +780,11 @@ void zaya_state_free(ZayaState *s) {
     free(s->layers);
     if (s->act) {
         float **bufs[ACT_BUFFERS];
-        act_buffers(s->act, bufs, NULL, NULL, 0);
+        act_buffers(s->act, bufs, NULL, NULL, 0, 0);
         for (int k = 0; bufs[k]; k++) free(*bufs[k]);
-        free(s->act->expert);
+        free(s->act->expert), free(s->act->expert_tokens), free(s->act->expert_image);
+        free(s->act->lora_r), free(s->act->lora_out), free(s->act->image_keys), free(s->act->image_values);
+        free(s->act->image);
         free(s->act);
     }
     free(s->logits);
@@ -739,8 +859,36 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
         return zaya_fail(err, errlen, "context is full: %d positions used of %d, %d more needed\n"
                          "  hint: start a new conversation or raise --ctx (max %d)", s->pos, s->ctx, n,
                          c->max_position);
-    const int batch = s->batch >= 1 && s->batch <= ZAYA_BATCH ? s->batch : ZAYA_BATCH;
+    int batch = s->batch >= 1 && s->batch <= ZAYA_BATCH ? s->batch : ZAYA_BATCH, images = 0;
+    for (int t = 0; s->image_both_ways && t < n && s->image_next + images < s->n_image_features; t++)
+        images += tokens[t] == m->image_token_id;
+    if (images) batch = s->capacity;   /* a prompt's image tokens: in one batch (the bidirectional mask) */
+    if (images && (s->image_next > 0 || s->image_next + images < s->n_image_features))
+        return zaya_fail(err, errlen, "positions %d..%d hold %d of the prompt's %d image tokens\n  expected: all of "
+                         "them in one zaya_forward call (the bidirectional image mask)\n  hint: run the whole prompt "
+                         "at once", s->pos, s->pos + n - 1, images, s->n_image_features);
+    for (int t = 0, k = s->image_next, last = -1; images && t < n && k < s->n_image_features; t++)
+        if (tokens[t] == m->image_token_id) {   /* the bidirectional mask needs them in one batch */
+            k++;
+            if (last >= 0 && t / batch != (last - s->pos) / batch)
+                return zaya_fail(err, errlen, "the image tokens at positions %d and %d are in different batches of %d\n"
+                                 "  expected: every image token of a prompt in its first batch (the bidirectional "
+                                 "image mask)\n  hint: a shorter prompt, fewer or smaller images, or a larger --ctx "
+                                 "(batches of min(ctx, %d) tokens)", last, s->pos + t, batch, ZAYA_VL_BATCH);
+            last = s->pos + t;
+        }
     for (int done = 0; done < n; done += batch) forward(m, s, tokens + done, n - done < batch ? n - done : batch);
+    return 0;
+}
+
+int zaya_set_images(const ZayaModel *m, ZayaState *s, const float *features, int n, char *err, size_t errlen) {
+    if (!m->vl)
+        return zaya_fail(err, errlen, "images need a ZAYA1-VL model\n  found:    a text-only blob\n"
+                         "  hint: export a ZAYA1-VL checkpoint (model_type zaya1_vl) with export_weights.py");
+    s->image_features = features;
+    s->n_image_features = n;
+    s->image_next = 0;
+    s->image_both_ways = s->pos == 0;
     return 0;
 }
 
@@ -776,7 +924,7 @@ int zaya_embed(const ZayaModel *m, ZayaState *s, const int *tokens, int n, float
     for (int done = 0, cnt; done < n; done += cnt) {
         cnt = n - done < ZAYA_BATCH ? n - done : ZAYA_BATCH;
         const Batch b = batch_of(m, s, -1, cnt);
-        embed(&b, m, tokens + done, s->act->e, s->act->r);
+        embed(&b, m, tokens + done, NULL, s->act->e, s->act->r);
         memcpy(r + done * H, s->act->r, sizeof(float) * cnt * H);
     }
     return 0;

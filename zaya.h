@@ -15,8 +15,11 @@
 #define ZAYA_H
 
 #include "tensor.h"
+#include "vision.h"
 
-#define ZAYA_FORMAT_VERSION 2   /* the loader reads versions 1 and 2 (2 adds the dtypes FP8 and MXFP4) */
+/* the loader reads versions 1, 2 (adds the dtypes FP8 and MXFP4) and 3 (adds ZAYA1-VL: the vision tower
+ * and the decoder's vision LoRA, docs/blob-format.md) */
+#define ZAYA_FORMAT_VERSION 3
 #define ZAYA_MAX_LAYERS 256
 #define ZAYA_MAX_EOS 4
 
@@ -111,6 +114,12 @@ typedef struct {
     ZayaMatrix experts_gate_up;                            /* [E*2I, H]: expert e = rows e*2I.. */
     ZayaMatrix experts_down;                               /* [E*H, I]:  expert e = rows e*H.. */
     ZayaResidualScale post_mlp_residual_scale;
+    /* ZAYA1-VL only (HF Zaya1VL*: vision LoRA pairs, A [r, in] then B [out, r], added at image positions) */
+    ZayaMatrix q_lora_a, q_lora_b, k_lora_a, k_lora_b;                     /* self_attn.qkv_proj.*, rank_attn */
+    ZayaMatrix v_current_lora_a, v_current_lora_b, v_delayed_lora_a, v_delayed_lora_b;
+    ZayaMatrix o_lora_a, o_lora_b;                                         /* self_attn.o_lora_* */
+    ZayaMatrix experts_lora_gate_up_a, experts_lora_gate_up_b;             /* [E*r, H], [E*2I, r] (rank_mlp) */
+    ZayaMatrix experts_lora_down_a, experts_lora_down_b;                   /* [E*r, I], [E*H, r] */
 } ZayaLayer;
 
 typedef struct ZayaTokenizer ZayaTokenizer;
@@ -126,6 +135,10 @@ typedef struct {
     const float *lm_head_bias;   /* [V]; NULL unless config.lm_head_bias */
     ZayaLayer *layers;           /* [L] */
     ZayaTokenizer *tokenizer;    /* NULL if the blob has none */
+    int vl;                      /* 1: a ZAYA1-VL blob (format version 3): vision, the ids and ranks below */
+    int image_token_id, vision_start_id, vision_end_id;   /* HF Zaya1VLConfig: 262147, 255999, 256000 */
+    int lora_rank_attn, lora_rank_mlp;                    /* vision_lora_rank_attn / _mlp */
+    ZayaVision vision;           /* the vision tower (model.visual.*) */
     void *map;                   /* the read-only mmap of the whole file */
     size_t map_size;
 } ZayaModel;
@@ -170,6 +183,10 @@ typedef struct {
 /* forward() takes at most ZAYA_BATCH tokens at once: each weight matrix is read once per batch
  * instead of once per token. Results are identical to running the tokens one by one. */
 #define ZAYA_BATCH 256
+/* ZAYA1-VL: the bidirectional image mask needs all of a prompt's image tokens in one batch, so a VL blob's
+ * state holds batches of up to this many tokens (bounded by its context): one image of the processor's
+ * largest size (1280 tokens) and its text. */
+#define ZAYA_VL_BATCH 2048
 
 struct Kernels;   /* the fast kernels' threads and scratch (kernels.h) */
 
@@ -182,12 +199,17 @@ typedef struct {
     int ctx;                  /* maximum number of positions */
     int pos;                  /* next position to run (= tokens seen so far) */
     int batch;                /* tokens per forward() batch, 1..ZAYA_BATCH (default ZAYA_BATCH) */
+    int capacity;             /* the most tokens one batch can hold: ZAYA_BATCH, or for a ZAYA1-VL blob
+                               * min(ctx, ZAYA_VL_BATCH) (a prompt with images runs in batches of this) */
     int skip_expert;          /* ZAYA_SKIP_ZERO (default) or ZAYA_SKIP_PASSTHROUGH */
     int precision;            /* ZAYA_PRECISION_FP32 (default), _BF16 or _BF16_TORCH113 */
     int placement;            /* ZAYA_BF16_* flags (0: the official bf16 placement; bf16 precisions only) */
     ZayaTapFn tap;            /* optional: called with every intermediate tensor */
     void *tap_ctx;
     float *logits;            /* [V]: logits of the last token run (room for a few rows: a tap's batches) */
+    const float *image_features;   /* ZAYA1-VL (zaya_set_images): [n_image_features, H], or NULL */
+    int n_image_features, image_next;   /* rows given; the row the next image placeholder takes */
+    int image_both_ways;      /* 1: the images came with a prompt at position 0 (bidirectional image mask) */
     struct ZayaActivations *act;   /* the intermediate tensors of a batch of up to ZAYA_BATCH tokens */
     struct Kernels *kernels;
 } ZayaState;
@@ -223,6 +245,16 @@ int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *
  * ZayaModel before the layers) into r [n, H], with their taps; s->pos and the caches are left as they
  * are. Returns 0, or -1 + err for an id outside the vocabulary or a refused precision. */
 int zaya_embed(const ZayaModel *m, ZayaState *s, const int *tokens, int n, float *r, char *err, size_t errlen);
+
+/* ZAYA1-VL (HF Zaya1VLModel.forward): the next image placeholder tokens (m->image_token_id) that
+ * zaya_forward runs take the rows of features [n, hidden_size] (zaya_vision_encode's output, images in
+ * prompt order) instead of their embeddings, in order, and run the decoder's vision LoRA; given at
+ * position 0 (a prompt, HF's call without a cache), the image positions also attend to each other in
+ * both directions, and then all of them must come in one zaya_forward call and one batch of s->capacity
+ * tokens (zaya_forward refuses them otherwise).
+ * features must stay valid until they are used; zaya_state_reset() drops them. Returns 0, or -1 + err
+ * when the blob is not a ZAYA1-VL blob. */
+int zaya_set_images(const ZayaModel *m, ZayaState *s, const float *features, int n, char *err, size_t errlen);
 
 /* Calls fn with the decoding state after the last position: conv state, delayed value and the
  * KV cache of every layer (names in docs/compare.md), row-major with full shapes in tap->shape. */

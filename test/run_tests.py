@@ -55,6 +55,8 @@ TESTS = [
     ("bench", [sys.executable, "test/test_bench.py"]),
     ("zmath", ["build/test_zmath", "test/test_zmath.c"]),
     ("arm", [sys.executable, "test/test_arm.py"]),
+    ("vision", [sys.executable, "test/test_vision.py"]),
+    ("vl", [sys.executable, "test/test_vl.py"]),
 ]
 
 # started first when tests run in parallel (each takes minutes here)

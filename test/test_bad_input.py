@@ -208,7 +208,7 @@ with open(base, "rb") as src:
 blob_fails("blob longer than its header says", [], ["longer than its header", "expected", "found"], extend=(SIZE, b"\0" * 100))
 
 # --- header fields ---
-blob_fails("format version 3", [(8, u32(3))], ["format version 3", "expected: 1 or 2", "re-export"])
+blob_fails("format version 4", [(8, u32(4))], ["format version 4", "expected: 1 to 3", "re-export"])
 blob_fails("format version 0", [(8, u32(0))], ["format version 0", "expected", "re-export"])
 blob_fails("header CRC mismatch", [(600, b"X")], ["checksum", "expected", "found", "re-export"], fix_crc=False)
 blob_fails("file size field wrong", [(16, u64(SIZE + 4096))], ["truncated", "expected", "found"])
@@ -790,7 +790,7 @@ export_fails("output path under a regular file", CKPT, ["cannot write", "hint"],
 vg = shutil.which("valgrind")
 if check(vg is not None, "valgrind is installed", "install it (apt-get install valgrind; .ci/run does)"):
     exe = os.path.join(BUILD, "zaya_valgrind")
-    rc, _, err = run(["cc", "-O3", "-std=c11", "-DZAYA_COMMIT=\"valgrind\"", "-o", exe, "zaya.c", "blob.c", "kernels.c", "tokenizer.c", "trace.c", "zmath.c", "dump.c", "kld.c", "replay.c", "main.c",
+    rc, _, err = run(["cc", "-O3", "-std=c11", "-DZAYA_COMMIT=\"valgrind\"", "-o", exe, "zaya.c", "blob.c", "kernels.c", "tokenizer.c", "trace.c", "zmath.c", "vision.c", "image.c", "dump.c", "kld.c", "replay.c", "main.c",
               "-pthread", "-lm"])
     if check(rc == 0, "build the release build without -march=native for valgrind", err[-500:]):
         for label, args in (("ids", ["--ids", "2,818,3823", "-n", "4", "-t", "0.8", "-s", "3", "--print-ids"]),

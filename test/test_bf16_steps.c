@@ -140,7 +140,7 @@ int main(int argc, char **argv) {
     if (cols != H) { fprintf(stderr, "test_bf16_steps: the golden's hidden size %d is not the blob's %d\n", cols, H); return 2; }
     Activations *a = s.act;
     AttnCapture cap = {calloc((size_t)T * nq * T, sizeof(float)), nq, T};
-    Batch b = {c, a, s.kernels, NULL, NULL, -1, 0, T, precision, placement};
+    Batch b = {c, a, s.kernels, NULL, NULL, -1, 0, T, precision, placement, NULL, 0};
 
     int n_ids, one;   /* §3.1 */
     float *ids_f = read_npy_at("tokens", 1, &n_ids, &one);
@@ -148,7 +148,7 @@ int main(int argc, char **argv) {
     int *ids = malloc(sizeof(int) * T);
     for (int t = 0; t < T; t++) ids[t] = (int)ids_f[t];
     free(ids_f);
-    embed(&b, &m, ids, a->e, a->r);
+    embed(&b, &m, ids, NULL, a->e, a->r);
     compare_rows(-1, "embed_tokens (lookup)", EXACT, a->e, H, e_tap, H, T);
     float *r_in = malloc(sizeof(float) * T * H);
     memcpy(r_in, a->r, sizeof(float) * T * H);   /* layer 0's input: input scaling of the official embedding */

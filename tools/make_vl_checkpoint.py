@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""make_vl_checkpoint.py - a ZAYA1-VL-shaped checkpoint with random weights, for benchmarks (bench/README.md).
+
+    python3 tools/make_vl_checkpoint.py OUT_DIR [--layers 40] [make_checkpoint.py options ...]
+
+The language model comes from tools/make_checkpoint.py (ZAYA1-8B's shape by default; --layers N for a
+full-width slice), renamed to the layout of transformers' Zaya1VLForConditionalGeneration (pull request
+#46011: model.language_model.*, final_norm, router_mlp.rmsnorm_eda); the vision LoRA pairs (ranks 8 / 32) and
+the Qwen2.5-VL vision tower of ZAYA1-VL-8B (depth 32, hidden 1280, 16 heads, intermediate 3420, full attention
+in blocks 7, 15, 23, 31, merger to 2048) are added with random bf16 weights, N(0, 1/sqrt(fan_in)), norms
+1 + N(0, 0.05), biases N(0, 0.02). config.json is the VL config. Needs numpy (the 0.7 B vision values).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import vl_checkpoint  # noqa: E402
+
+VISION = {"depth": 32, "hidden_size": 1280, "hidden_act": "silu", "intermediate_size": 3420, "num_heads": 16,
+          "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 1, "window_size": 112,
+          "out_hidden_size": 2048, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2}
+RANKS = {"vision_lora_rank_attn": 8, "vision_lora_rank_mlp": 32}
+
+
+def bf16(x):
+    """float32 array -> raw bf16 bytes (rounded to nearest even)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
+
+
+def vl_tensors(c, v, rng):
+    H, L, nq, nkv, d = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    E, I, ra, rm = c["num_experts"], c["moe_intermediate_size"], RANKS["vision_lora_rank_attn"], RANKS["vision_lora_rank_mlp"]
+    shapes = []
+    for i in range(L):
+        a = f"model.language_model.layers.{i}.self_attn.qkv_proj."
+        for lora, out in (("q", nq * d), ("k", nkv * d), ("v_current", nkv * d // 2), ("v_delayed", nkv * d // 2)):
+            shapes += [(a + f"{lora}_lora_a.weight", (ra, H)), (a + f"{lora}_lora_b.weight", (out, ra))]
+        o = f"model.language_model.layers.{i}.self_attn."
+        shapes += [(o + "o_lora_a.weight", (ra, nq * d)), (o + "o_lora_b.weight", (H, ra))]
+        x = f"model.language_model.layers.{i}.mlp.experts."
+        shapes += [(x + "lora_gate_up_proj_a", (E, rm, H)), (x + "lora_gate_up_proj_b", (E, 2 * I, rm)),
+                   (x + "lora_down_proj_a", (E, rm, I)), (x + "lora_down_proj_b", (E, H, rm))]
+    D, VI, U, P = v["hidden_size"], v["intermediate_size"], 4, v["patch_size"]
+    shapes.append(("model.visual.patch_embed.proj.weight", (D, 3, v["temporal_patch_size"], P, P)))
+    for i in range(v["depth"]):
+        b = f"model.visual.blocks.{i}."
+        shapes += [(b + "norm1.weight", (D,)), (b + "attn.qkv.weight", (3 * D, D)), (b + "attn.qkv.bias", (3 * D,)),
+                   (b + "attn.proj.weight", (D, D)), (b + "attn.proj.bias", (D,)), (b + "norm2.weight", (D,))]
+        for m, shape in (("gate_proj", (VI, D)), ("up_proj", (VI, D)), ("down_proj", (D, VI))):
+            shapes += [(b + f"mlp.{m}.weight", shape), (b + f"mlp.{m}.bias", (shape[0],))]
+    shapes += [("model.visual.merger.ln_q.weight", (D,)), ("model.visual.merger.mlp.0.weight", (U * D, U * D)),
+               ("model.visual.merger.mlp.0.bias", (U * D,)), ("model.visual.merger.mlp.2.weight", (H, U * D)),
+               ("model.visual.merger.mlp.2.bias", (H,))]
+    for name, shape in shapes:
+        if name.endswith(("norm1.weight", "norm2.weight", "ln_q.weight")):
+            x = 1 + 0.05 * rng.standard_normal(shape, dtype=np.float32)
+        elif name.endswith(".bias"):
+            x = 0.02 * rng.standard_normal(shape, dtype=np.float32)
+        else:
+            fan_in = int(np.prod(shape[1:])) if "patch_embed" in name else shape[-1]
+            x = rng.standard_normal(shape, dtype=np.float32) / np.float32(fan_in ** 0.5)
+        yield name, "BF16", list(shape), bf16(x)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir")
+    ap.add_argument("--seed", type=int, default=0)
+    args, rest = ap.parse_known_args()
+    text_dir = os.path.join(args.out_dir, "text")
+    subprocess.run([sys.executable, os.path.join(HERE, "make_checkpoint.py"), text_dir, "--single-file",
+                    "--seed", str(args.seed), *rest], check=True)
+    cfg = json.load(open(os.path.join(text_dir, "config.json")))
+    for k in ("architectures", "model_type", "dtype", "torch_dtype"):
+        cfg.pop(k, None)
+    header, data = vl_checkpoint.read_safetensors(os.path.join(text_dir, "model.safetensors"))
+    tensors = [(vl_checkpoint.text_to_vl_name(n), e["dtype"], e["shape"], data[e["data_offsets"][0]:e["data_offsets"][1]])
+               for n, e in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])]
+    del data
+    vl_checkpoint.write_safetensors(os.path.join(args.out_dir, "model-00001-of-00002.safetensors"), tensors)
+    del tensors
+    rng = np.random.default_rng(args.seed)
+    vision = dict(VISION, out_hidden_size=cfg["hidden_size"])
+    extra = list(vl_tensors(cfg, vision, rng))
+    vl_checkpoint.write_safetensors(os.path.join(args.out_dir, "model-00002-of-00002.safetensors"), extra)
+    wm = {n: "model-00001-of-00002.safetensors" for n in map(vl_checkpoint.text_to_vl_name, header)}
+    wm.update({n: "model-00002-of-00002.safetensors" for n, _, _, _ in extra})
+    with open(os.path.join(args.out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": wm}, f)
+    config = {"architectures": ["Zaya1VLForConditionalGeneration"], "model_type": "zaya1_vl",
+              "text_config": dict(cfg, model_type="zaya1_vl_text", vision_lora=True, **RANKS),
+              "vision_config": dict(vision, model_type="zaya1_vl_vision"), "image_token_id": 262147,
+              "vision_start_token_id": 255999, "vision_end_token_id": 256000, "tie_word_embeddings": True}
+    with open(os.path.join(args.out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    for name in os.listdir(text_dir):
+        if name.startswith("tokenizer"):
+            os.replace(os.path.join(text_dir, name), os.path.join(args.out_dir, name))
+    os.remove(os.path.join(text_dir, "model.safetensors"))
+    os.remove(os.path.join(text_dir, "config.json"))
+    print(f"wrote {args.out_dir}: {len(wm)} tensors")
+
+
+if __name__ == "__main__":
+    main()
