@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE   /* sched_getaffinity, madvise(MADV_HUGEPAGE) */
 #include "kernels.h"
+#include "ggml_round.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -892,6 +893,8 @@ struct Kernels {
     int max_cols, max_tokens;
     int16_t *xq;       /* activations quantized for int8 weights [max_tokens, max_cols] */
     float *xq_scales;  /* their scales, one per group */
+    int ggml;          /* the ggml placement (kernels_set_ggml): 0 off, 1 x86's Q8_0, 2 the reference Q8_0 */
+    float *ggml_x;     /* the activations as ggml's vec_dot_type holds them [max_tokens, max_cols] */
 };
 
 Kernels *kernels_new(int threads, int max_cols, int max_tokens) {
@@ -910,9 +913,15 @@ Kernels *kernels_new(int threads, int max_cols, int max_tokens) {
     return k;
 }
 
+void kernels_set_ggml(Kernels *k, int mode) {
+    if (mode && !k->ggml_x) k->ggml_x = calloc_lines((size_t)k->max_cols * k->max_tokens, sizeof(float));
+    k->ggml = k->ggml_x ? mode : 0;
+}
+
 void kernels_free(Kernels *k) {
     if (!k) return;
     pool_stop(&k->pool);
+    free(k->ggml_x);
     free(k->xq);
     free(k->xq_scales);
     free(k);
@@ -984,6 +993,12 @@ static void quantize_piece(void *ctx, int piece) {   /* the groups of tokens [pi
 /* count products of one input (the same format and width) as one job; groups > 1: count = 1. */
 static void matmul_job(Kernels *k, const MatmulOut *out, int count, int groups, const float *x, int xs, int n) {
     const ZayaMatrix *w = out[0].w;
+    if (k->ggml && w->ggml_type > 0 && groups == 1) {   /* ggml's placement: the input as its vec_dot_type holds it */
+        for (int t = 0; t < n; t++)
+            ggml_round_row(k->ggml_x + (size_t)t * w->cols, x + (size_t)t * xs, w->cols, w->ggml_type - 1, k->ggml == 1);
+        x = k->ggml_x;
+        xs = w->cols;
+    }
     size_t work = 0;
     int tiles = 0;
     for (int i = 0; i < count; i++) {
@@ -1021,7 +1036,8 @@ void matmul_grouped(Kernels *k, float *y, int ys, const ZayaMatrix *w, int group
 void matmuls(Kernels *k, const MatmulOut *out, int count, const float *x, int xs, int n) {
     int same = 1;   /* one quantized input serves products of one format */
     for (int i = 1; i < count; i++)
-        same = same && out[i].w->dtype == out[0].w->dtype && out[i].w->group_size == out[0].w->group_size;
+        same = same && out[i].w->dtype == out[0].w->dtype && out[i].w->group_size == out[0].w->group_size
+               && (!k->ggml || out[i].w->ggml_type == out[0].w->ggml_type);   /* ggml: one vec_dot_type */
     if (same) matmul_job(k, out, count, 1, x, xs, n);
     else for (int i = 0; i < count; i++) matmul_job(k, &out[i], 1, 1, x, xs, n);
 }

@@ -123,6 +123,8 @@ static void usage(FILE *f) {
           "                     bfloat16 (current torch; torch 1.13, the fixtures' torch); docs/bf16.md\n"
           "                     bf16[+fp32-residual][+fp32-norm][+fp32-logits]: other engines' placements (vLLM:\n"
           "                     bf16+fp32-residual+fp32-norm; +fp32-logits its fp32 LM head)\n"
+          "                     fp32+ggml: a GGUF's blob computed as ggml's CPU backend does (activations quantized\n"
+          "                     per weight type before each product; +ggml-ref: ggml's reference Q8_0)\n"
           "  --ctx N            context length (default min(4096, max_position_embeddings))\n"
           "  --threads N        threads (default: the cores this process may use; results are identical for any number)\n"
           "  --batch N          prompt tokens per batch, 1..256 (default 256; results are identical)\n"
