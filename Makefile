@@ -31,6 +31,11 @@ build/test_kernels: test/test_kernels.c $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_kernels.c $(LIB) $(LIBS)
 
+# test/test_ggml_round.c: ggml_round.c's quantizers against ggml's recorded ones, and the placement in matmul
+build/test_ggml_round: test/test_ggml_round.c $(LIB) $(HDR)
+	mkdir -p build
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_ggml_round.c $(LIB) $(LIBS)
+
 # test/test_sample.c includes main.c whole, to test the command line's static sampler
 build/test_sample: test/test_sample.c $(SRC) $(HDR)
 	mkdir -p build
@@ -56,7 +61,7 @@ build/matmul_rate: bench/matmul_rate.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ bench/matmul_rate.c $(LIB) $(LIBS)
 
-test: zaya zaya_debug build/test_kernels build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps
+test: zaya zaya_debug build/test_kernels build/test_ggml_round build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps
 	@$(PYTHON) -c 'import numpy' 2>/dev/null || { echo "make test: $(NUMPY_HINT)" >&2; exit 1; }
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 

@@ -44,6 +44,7 @@ TESTS = [
     ("bad_input", [sys.executable, "test/test_bad_input.py"]),
     ("fuzz", [sys.executable, "test/test_fuzz.py"]),
     ("bench", [sys.executable, "test/test_bench.py"]),
+    ("ggml_round", ["build/test_ggml_round", "test/test_ggml_round.c"]),
 ]
 
 
