@@ -124,3 +124,24 @@ void ggml_round_row(float *y, const float *x, int n, int weight_type, int x86) {
     }
     for (int i = n / bs * bs; i < n; i++) y[i] = x[i];   /* a tail ggml never has (rows are whole blocks) */
 }
+
+/* ggml_vec_gelu_f32 with GGML_GELU_FP16 (ggml-cpu/vec.h, the CPU build's default): x <= -10 -> 0, x >= 10 -> x,
+ * else the F16 table of ggml_gelu_f32 (the tanh approximation) at x rounded to F16, widened. */
+static float gelu_table[1 << 16];
+static int gelu_ready;
+
+void ggml_gelu_init(void) {
+    if (gelu_ready) return;
+    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
+    for (int i = 0; i < 1 << 16; i++) {   /* ggml_cpu_init: table_gelu_f16[i] = f16(ggml_gelu_f32(f32(i))) */
+        const float f = ggml_fp16_to_fp32((unsigned short)i);
+        gelu_table[i] = ggml_round_f16(0.5f * f * (1.0f + tanhf(sqrt_2_over_pi * f * (1.0f + coef_a * f * f))));
+    }
+    gelu_ready = 1;
+}
+
+float ggml_gelu(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return gelu_table[ggml_fp32_to_fp16(x)];
+}

@@ -51,4 +51,10 @@ void ggml_q8_k(const float *x, float *y);
  * = 1: the AVX/AVX2 builds' Q8_0 / Q8_1 (what the port runs on this machine), 0: the reference one. */
 void ggml_round_row(float *y, const float *x, int n, int weight_type, int x86);
 
+/* ggml_gelu's CPU value (ggml-cpu/vec.h ggml_vec_gelu_f32, GGML_GELU_FP16): 0 at x <= -10, x at x >= 10, else
+ * its table of the tanh-approximated GELU, in F16, at x rounded to F16. ggml_gelu_init() fills the table
+ * (65536 values, once; call it before ggml_gelu, from one thread). */
+void ggml_gelu_init(void);
+float ggml_gelu(float x);
+
 #endif /* ZAYA_GGML_ROUND_H */

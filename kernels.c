@@ -893,7 +893,7 @@ struct Kernels {
     int max_cols, max_tokens;
     int16_t *xq;       /* activations quantized for int8 weights [max_tokens, max_cols] */
     float *xq_scales;  /* their scales, one per group */
-    int ggml;          /* the ggml placement (kernels_set_ggml): 0 off, 1 x86's Q8_0, 2 the reference Q8_0 */
+    int ggml;          /* the ggml placement: KERNELS_GGML_* flags (kernels_set_ggml), 0 off */
     float *ggml_x;     /* the activations as ggml's vec_dot_type holds them [max_tokens, max_cols] */
 };
 
@@ -990,12 +990,31 @@ static void quantize_piece(void *ctx, int piece) {   /* the groups of tokens [pi
             quantize_q16(j->xq + (size_t)t * cols, j->xqs + (size_t)t * (cols / G), j->x + (size_t)t * j->xs, cols, G, g);
 }
 
+/* The ZAYA port's grouped conv (KERNELS_GGML_CONV): W (float32) and X rounded to F16, float32 sums in
+ * plain loops (a small product: C rows of d * t1). */
+static void conv_f16_product(float *y, int ys, const ZayaMatrix *w, int groups, const float *x, int xs, int n) {
+    const int group_rows = w->rows / groups;
+    const float *wf = w->data;
+    for (int t = 0; t < n; t++)
+        for (int o = 0; o < w->rows; o++) {
+            const float *xg = x + (size_t)t * xs + (size_t)(o / group_rows) * w->cols, *wo = wf + (size_t)o * w->cols;
+            float sum = 0.0f;
+            for (int i = 0; i < w->cols; i++) sum += ggml_round_f16(wo[i]) * ggml_round_f16(xg[i]);
+            y[(size_t)t * ys + o] = sum;
+        }
+}
+
 /* count products of one input (the same format and width) as one job; groups > 1: count = 1. */
 static void matmul_job(Kernels *k, const MatmulOut *out, int count, int groups, const float *x, int xs, int n) {
     const ZayaMatrix *w = out[0].w;
-    if (k->ggml && w->ggml_type > 0 && groups == 1) {   /* ggml's placement: the input as its vec_dot_type holds it */
-        for (int t = 0; t < n; t++)
-            ggml_round_row(k->ggml_x + (size_t)t * w->cols, x + (size_t)t * xs, w->cols, w->ggml_type - 1, k->ggml == 1);
+    if (groups > 1 && k->ggml & KERNELS_GGML_CONV && w->dtype == ZAYA_F32) {   /* the port's F16 conv */
+        conv_f16_product(out[0].y, out[0].ys, w, groups, x, xs, n);
+        return;
+    }
+    if (groups == 1 && k->ggml & (KERNELS_GGML_X86 | KERNELS_GGML_REF) && w->ggml_type > 0) {
+        for (int t = 0; t < n; t++)   /* the input as ggml's vec_dot_type for this weight type holds it */
+            ggml_round_row(k->ggml_x + (size_t)t * w->cols, x + (size_t)t * xs, w->cols, w->ggml_type - 1,
+                           k->ggml & KERNELS_GGML_X86);
         x = k->ggml_x;
         xs = w->cols;
     }

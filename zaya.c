@@ -12,6 +12,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "zaya.h"
+#include "ggml_round.h"
 #include "kernels.h"
 
 #include <float.h>
@@ -119,7 +120,7 @@ static float silu_held(const Batch *b, float x) {
 
 /* GELU in place over n values, each result held (the router MLP's activations) */
 static void gelu_held(const Batch *b, float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = held(b, gelu(x[i]));
+    for (size_t i = 0; i < n; i++) x[i] = held(b, b->placement & ZAYA_GGML_GELU ? ggml_gelu(x[i]) : gelu(x[i]));
 }
 
 /* y[t] += bias for the n rows of y (stride floats apart), `len` values each. */
@@ -672,9 +673,9 @@ void zaya_state_free(ZayaState *s) {
 int zaya_state_threads(const ZayaState *s) { return kernels_threads(s->kernels); }
 
 static const char *const placement_names[] = {"fp32-residual", "fp32-norm", "fp32-logits", "ggml",
-                                              "ggml-ref"};   /* bit k: 1 << k */
-#define N_PLACEMENTS 5
-#define GGML_PLACEMENTS (ZAYA_GGML | ZAYA_GGML_REF)
+                                              "ggml-ref", "ggml-conv", "ggml-gelu"};   /* bit k: 1 << k */
+#define N_PLACEMENTS 7
+#define GGML_PLACEMENTS (ZAYA_GGML | ZAYA_GGML_REF | ZAYA_GGML_CONV | ZAYA_GGML_GELU)
 
 int zaya_parse_precision(const char *text, int *precision, int *placement, char *err, size_t errlen) {
     const char *plus = strchr(text, '+');
@@ -698,7 +699,7 @@ int zaya_parse_precision(const char *text, int *precision, int *placement, char 
                              "fp32", (int)len, p + 1, text);
         *placement |= 1 << k;
     }
-    if ((*placement & GGML_PLACEMENTS) == GGML_PLACEMENTS)
+    if ((*placement & (ZAYA_GGML | ZAYA_GGML_REF)) == (ZAYA_GGML | ZAYA_GGML_REF))
         return zaya_fail(err, errlen, "precision \"%s\": +ggml and +ggml-ref are two versions of ggml's Q8_0; give one",
                          text);
     if (*placement & GGML_PLACEMENTS && *precision != ZAYA_PRECISION_FP32)
@@ -717,6 +718,13 @@ const char *zaya_precision_name(int precision, int placement, char *buf, size_t 
     for (int k = 0; k < N_PLACEMENTS; k++)
         if (placement & 1 << k && at >= 0 && (size_t)at < len) at += snprintf(buf + at, len - (size_t)at, "+%s", placement_names[k]);
     return buf;
+}
+
+/* The kernels' ggml mode (kernels_set_ggml) of the state's placement. */
+static int ggml_mode(const ZayaState *s) {
+    if (s->placement & ZAYA_GGML_GELU) ggml_gelu_init();
+    return (s->placement & ZAYA_GGML ? KERNELS_GGML_X86 : s->placement & ZAYA_GGML_REF ? KERNELS_GGML_REF : 0)
+           | (s->placement & ZAYA_GGML_CONV ? KERNELS_GGML_CONV : 0);
 }
 
 /* bf16 emulates upstream's bf16 run only: the fork's (legacy layout, passthrough skip) rounds elsewhere. */
@@ -749,7 +757,7 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
         return zaya_fail(err, errlen, "context is full: %d positions used of %d, %d more needed\n"
                          "  hint: start a new conversation or raise --ctx (max %d)", s->pos, s->ctx, n,
                          c->max_position);
-    kernels_set_ggml(s->kernels, s->placement & ZAYA_GGML ? 1 : s->placement & ZAYA_GGML_REF ? 2 : 0);
+    kernels_set_ggml(s->kernels, ggml_mode(s));
     const int batch = s->batch >= 1 && s->batch <= ZAYA_BATCH ? s->batch : ZAYA_BATCH;
     for (int done = 0; done < n; done += batch) forward(m, s, tokens + done, n - done < batch ? n - done : batch);
     return 0;
@@ -763,7 +771,7 @@ int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *
         return zaya_fail(err, errlen, "replay of layer %d: the model has layers 0..%d (%d = the final norm and LM head)",
                          layer, c->num_layers - 1, c->num_layers);
     if (check_precision(m, s, err, errlen) != 0) return -1;
-    kernels_set_ggml(s->kernels, s->placement & ZAYA_GGML ? 1 : s->placement & ZAYA_GGML_REF ? 2 : 0);
+    kernels_set_ggml(s->kernels, ggml_mode(s));
     if (n > s->ctx - s->pos)
         return zaya_fail(err, errlen, "replay: %d positions do not fit the context of %d (%d used)\n  hint: raise --ctx",
                          n, s->ctx, s->pos);

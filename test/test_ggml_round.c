@@ -77,7 +77,7 @@ int main(void) {
     Kernels *k = kernels_new(2, COLS, ROWS);
     if (!k) { printf("FAIL kernels_new: out of memory\n"); return 1; }
     for (int r = 0; r < ROWS; r++) ggml_round_row(xr + r * COLS, x + r * COLS, COLS, GGML_T_Q4_K, 1);
-    kernels_set_ggml(k, 1);
+    kernels_set_ggml(k, KERNELS_GGML_X86);
     matmul(k, y_fast, R, &m, x, COLS, ROWS);
     matmul_ref(y_ref, R, &m, xr, COLS, ROWS);
     double num = 0, den = 0;
