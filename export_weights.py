@@ -1580,7 +1580,10 @@ class GGUFPortTensors:
         end = min(end, self.tensors[name][3])
         e0, e1 = begin // 4, end // 4
         r0, r1 = e0 // ne0, -(-e1 // ne0)
-        values = self.g.dequantize(gname, row0 + r0, r1 - r0)
+        try:
+            values = self.g.dequantize(gname, row0 + r0, r1 - r0)
+        except gguf.GGUFError as e:     # the compiled dequantizer failed: one message, no traceback
+            raise ExportError(str(e))
         return values.tobytes()[4 * (e0 - r0 * ne0):4 * (e1 - r0 * ne0)]
 
 

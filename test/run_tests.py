@@ -45,6 +45,7 @@ TESTS = [
     ("fuzz", [sys.executable, "test/test_fuzz.py"]),
     ("bench", [sys.executable, "test/test_bench.py"]),
     ("ggml_round", ["build/test_ggml_round", "test/test_ggml_round.c"]),
+    ("ggml_capture", [sys.executable, "test/test_ggml_capture.py"]),
 ]
 
 
