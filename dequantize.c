@@ -50,7 +50,10 @@ static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -1
 /* One block of each type: x = its bytes, y = its values. */
 static void dq_f32(const uint8_t *x, float *y) { memcpy(y, x, 4); }
 static void dq_f16(const uint8_t *x, float *y) { *y = fp16(x); }
-static void dq_bf16(const uint8_t *x, float *y) { uint32_t b = ((uint32_t)x[0] | (uint32_t)x[1] << 8) << 16; memcpy(y, &b, 4); }
+static void dq_bf16(const uint8_t *x, float *y) {
+    const uint32_t b = ((uint32_t)x[0] | (uint32_t)x[1] << 8) << 16;
+    memcpy(y, &b, 4);
+}
 
 static void dq_q8_0(const uint8_t *x, float *y) {
     const float d = fp16(x);
@@ -178,7 +181,10 @@ static void dq_iq4_xs(const uint8_t *x, float *y) {   /* d scales_h(u16) scales_
     for (int ib = 0; ib < 8; ib++, y += 32, qs += 16) {
         const int ls = ((x[4 + ib / 2] >> 4 * (ib % 2)) & 0xf) | (((scales_h >> 2 * ib) & 3) << 4);
         const float dl = d * (ls - 32);
-        for (int j = 0; j < 16; j++) { y[j] = dl * kvalues_iq4nl[qs[j] & 0xf]; y[j + 16] = dl * kvalues_iq4nl[qs[j] >> 4]; }
+        for (int j = 0; j < 16; j++) {
+            y[j] = dl * kvalues_iq4nl[qs[j] & 0xf];
+            y[j + 16] = dl * kvalues_iq4nl[qs[j] >> 4];
+        }
     }
 }
 

@@ -1005,8 +1005,9 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     if is_gguf(ckpt):           # each tensor's ggml type in its name field's tail (docs/blob-format.md)
         directory = bytearray(directory)
         for i, (name, shape, kind, srcs) in enumerate(plan):
-            types = {where[s].ggml_type(s) for s in srcs if isinstance(where[s], GGUFPortTensors)}
-            if len(types) == 1 and len(name.encode()) < GGML_TYPE_AT and len(srcs) == len([s for s in srcs if isinstance(where[s], GGUFPortTensors)]):
+            from_gguf = [s for s in srcs if isinstance(where[s], GGUFPortTensors)]
+            types = {where[s].ggml_type(s) for s in from_gguf}
+            if len(types) == 1 and len(from_gguf) == len(srcs) and len(name.encode()) < GGML_TYPE_AT:
                 struct.pack_into("<I", directory, DIR_ENTRY_SIZE * i + GGML_TYPE_AT, 1 + types.pop())
         directory = bytes(directory)
     struct.pack_into("<I", header, 12, zlib.crc32(directory, zlib.crc32(bytes(header))))

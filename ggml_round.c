@@ -86,7 +86,8 @@ void ggml_q8_0_x86(const float *x, float *y) {
     for (int j = 0; j < 32; j++) {
         const float q = nearbyintf(x[j] * id);                       /* _mm256_round_ps(_MM_ROUND_NEAREST) */
         /* _mm256_cvtps_epi32: out of range or NaN (x * inf when amax is tiny) gives INT32_MIN; the packs saturate */
-        const int qi = !(q >= -2147483648.0f && q < 2147483648.0f) ? -128 : q > 127.0f ? 127 : q < -128.0f ? -128 : (int)q;
+        const int qi = !(q >= -2147483648.0f && q < 2147483648.0f) ? -128
+                       : q > 127.0f ? 127 : q < -128.0f ? -128 : (int)q;
         y[j] = (float)qi * dh;
     }
 }

@@ -692,7 +692,8 @@ int zaya_parse_precision(const char *text, int *precision, int *placement, char 
         const char *end = strchr(p + 1, '+');
         const size_t len = end ? (size_t)(end - p - 1) : strlen(p + 1);
         int k = 0;
-        while (k < N_PLACEMENTS && !(strlen(placement_names[k]) == len && !strncmp(p + 1, placement_names[k], len))) k++;
+        while (k < N_PLACEMENTS && !(strlen(placement_names[k]) == len && !strncmp(p + 1, placement_names[k], len)))
+            k++;
         if (k == N_PLACEMENTS)
             return zaya_fail(err, errlen, "bad placement \"%.*s\" in precision \"%s\"\n  expected: fp32-residual, "
                              "fp32-norm or fp32-logits after a bf16 precision (docs/bf16.md), ggml or ggml-ref after "

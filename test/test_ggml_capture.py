@@ -94,7 +94,7 @@ def local(precision):
 rc, text, taps = local(None)
 L = 1 + max((i for i, _ in taps), default=-1)
 qerr = [taps.get((i, "self_attn.qkv_proj.q_proj"), (0, ""))[0] for i in range(L)]
-check(rc == 1 and "FIRST LOCAL ERROR: layer 0, model.layers.0.self_attn.qkv_proj.q_proj" in text and min(qerr) > 1e-3,
+check(rc == 1 and "layer 0, model.layers.0.self_attn.qkv_proj.q_proj" in text and min(qerr) > 1e-3,
       f"plain float32 replay: the first local error is layer 0's q_proj (ggml's Q8_K activations; q_proj local error "
       f"{' '.join(f'{x:.2g}' for x in qerr)})", text[-400:])
 

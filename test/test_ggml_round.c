@@ -81,7 +81,10 @@ int main(void) {
     matmul(k, y_fast, R, &m, x, COLS, ROWS);
     matmul_ref(y_ref, R, &m, xr, COLS, ROWS);
     double num = 0, den = 0;
-    for (int i = 0; i < ROWS * R; i++) { num += (y_fast[i] - y_ref[i]) * (double)(y_fast[i] - y_ref[i]); den += y_ref[i] * (double)y_ref[i]; }
+    for (int i = 0; i < ROWS * R; i++) {
+        num += (y_fast[i] - y_ref[i]) * (double)(y_fast[i] - y_ref[i]);
+        den += y_ref[i] * (double)y_ref[i];
+    }
     const double rel = sqrt(num / den);
     printf("%s matmul with the ggml placement = matmul_ref on the Q8_K-rounded input (rel L2 %.2e, float32 sums "
            "in another order)\n", rel < 1e-6 ? "PASS" : "FAIL", rel);
@@ -90,9 +93,12 @@ int main(void) {
     matmul(k, y_fast, R, &m, x, COLS, ROWS);
     matmul_ref(y_ref, R, &m, x, COLS, ROWS);
     num = den = 0;
-    for (int i = 0; i < ROWS * R; i++) { num += (y_fast[i] - y_ref[i]) * (double)(y_fast[i] - y_ref[i]); den += y_ref[i] * (double)y_ref[i]; }
-    printf("%s matmul without the placement is the plain product (rel L2 %.2e)\n", sqrt(num / den) < 1e-6 ? "PASS" : "FAIL",
-           sqrt(num / den));
+    for (int i = 0; i < ROWS * R; i++) {
+        num += (y_fast[i] - y_ref[i]) * (double)(y_fast[i] - y_ref[i]);
+        den += y_ref[i] * (double)y_ref[i];
+    }
+    printf("%s matmul without the placement is the plain product (rel L2 %.2e)\n",
+           sqrt(num / den) < 1e-6 ? "PASS" : "FAIL", sqrt(num / den));
     failures += sqrt(num / den) >= 1e-6;
     kernels_free(k);
     return failures ? 1 : 0;

@@ -8,7 +8,8 @@
  *                             of one value, ties after scaling, tiny and subnormal values, both signs of a maximum)
  *   OUTDIR/<T>.f32            the same rows through from_float of T = Q8_0, Q8_1, Q8_K, F16, BF16, each
  *                             dequantized (Q8_0 / F16 / BF16: ggml's to_float; Q8_K: d * qs as its
- *                             dequantize_row_q8_K; Q8_1: qs * d as ggml's dot products read it); Q8_0_ref.f32: ggml's reference quantize_row_q8_0_ref.
+ *                             dequantize_row_q8_K; Q8_1: qs * d as ggml's dot products read it);
+ *   OUTDIR/Q8_0_ref.f32       the same through ggml's reference quantize_row_q8_0_ref.
  * test/test_ggml_round.c requires ggml_round.c's values equal to these, bit for bit. Only this recorder links ggml.
  *
  * Build against the port's llama.cpp build (LCPP = the checkout built with cmake):
@@ -35,7 +36,10 @@ static void write_file(const char *dir, const char *name, const float *v, size_t
     char path[1024];
     snprintf(path, sizeof path, "%s/%s.f32", dir, name);
     FILE *f = fopen(path, "wb");
-    if (!f || fwrite(v, sizeof(float), n, f) != n || fclose(f) != 0) { fprintf(stderr, "cannot write %s\n", path); exit(1); }
+    if (!f || fwrite(v, sizeof(float), n, f) != n || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -45,7 +49,7 @@ int main(int argc, char **argv) {
     static uint8_t q[ROWS * COLS * 4];
     for (int i = 0; i < ROWS * COLS; i++) x[i] = 0.02f * gauss();
     for (int i = 0; i < COLS; i += 37) x[COLS + i] = 3.0f * (i % 2 ? 1 : -1) * (1 + uniform());   /* row 1: outliers */
-    for (int i = 0; i < 32; i++) x[2 * COLS + i] = 0.0f;                                             /* row 2: a zero block */
+    for (int i = 0; i < 32; i++) x[2 * COLS + i] = 0.0f;                                         /* row 2: zeros */
     for (int i = 32; i < 64; i++) x[2 * COLS + i] = -0.75f;                                          /* one value */
     for (int i = 0; i < COLS; i++) x[3 * COLS + i] = (float)((i % 255) - 127) / 2.0f;               /* row 3: ties */
     for (int i = 0; i < COLS; i++) x[4 * COLS + i] = 1e-6f * gauss();                               /* row 4: tiny */
@@ -80,7 +84,8 @@ int main(int argc, char **argv) {
         write_file(argv[1], names[k], y, ROWS * COLS);
     }
     const size_t row = ggml_row_size(GGML_TYPE_Q8_0, COLS);
-    for (int r = 0; r < ROWS; r++) ggml_get_type_traits(GGML_TYPE_Q8_0)->from_float_ref(x + r * COLS, q + r * row, COLS);
+    for (int r = 0; r < ROWS; r++)
+        ggml_get_type_traits(GGML_TYPE_Q8_0)->from_float_ref(x + r * COLS, q + r * row, COLS);
     for (int r = 0; r < ROWS; r++) ggml_get_type_traits(GGML_TYPE_Q8_0)->to_float(q + r * row, y + r * COLS, COLS);
     write_file(argv[1], "Q8_0_ref", y, ROWS * COLS);
     printf("wrote %s: input and Q8_0, Q8_1, Q8_K, F16, BF16, Q8_0_ref of %d x %d values\n", argv[1], ROWS, COLS);
