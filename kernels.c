@@ -1095,10 +1095,18 @@ static void prefetch_row(const KvCache *kv, const float *cache, int h, int pos) 
  * p[n * n_keys + t - first]: each key is loaded once for up to DOT_TOKENS heads. bf16: the product
  * and the scaled score rounded to bfloat16. */
 static void attention_scores(const KvCache *kv, int h, const float *q, float *p, int n0, int n1, int first, int pos,
-                             float scale, int bf16) {
+                             float scale, int bf16, int f16) {
     const int d = kv->d, n_keys = pos - first + 1;
     for (int t = first; t <= pos; t++) {
         const float *key = kv->keys + kv_row(kv, h, t);
+        if (f16) {   /* ggml: an F16 cache's keys times the query converted to F16 (its vec_dot_type), float sums */
+            for (int n = n0; n < n1; n++) {
+                float dot = 0.0f;
+                for (int i = 0; i < d; i++) dot += ggml_round_f16(key[i]) * ggml_round_f16(q[(size_t)n * d + i]);
+                p[(size_t)n * n_keys + (t - first)] = dot * scale;
+            }
+            continue;
+        }
         if (t + KV_AHEAD <= pos) prefetch_row(kv, kv->keys, h, t + KV_AHEAD);
         for (int n = n0; n < n1; n += DOT_TOKENS) {
             const int nr = n1 - n < DOT_TOKENS ? n1 - n : DOT_TOKENS;
@@ -1113,10 +1121,17 @@ static void attention_scores(const KvCache *kv, int h, const float *q, float *p,
 /* o_n = sum_t p_n[t] v_t for query heads [n0, n1) of KV head h, added in position order, four
  * positions per pass over o where their slots are adjacent; bf16: the sum rounded to bfloat16. */
 static void attention_values(const KvCache *kv, int h, const float *p, float *out, int n0, int n1, int first, int pos,
-                             int bf16) {
+                             int bf16, int f16) {
     const int d = kv->d, n_keys = pos - first + 1;
     memset(out + (size_t)n0 * d, 0, (size_t)(n1 - n0) * d * sizeof(float));
-    for (int t = first, nt; t <= pos; t += nt) {
+    for (int t = first; f16 && t <= pos; t++) {   /* ggml: F16 values times the probabilities converted to F16 */
+        const float *v = kv->values + kv_row(kv, h, t);
+        for (int n = n0; n < n1; n++) {
+            const float pt = ggml_round_f16(p[(size_t)n * n_keys + (t - first)]);
+            for (int i = 0; i < d; i++) out[(size_t)n * d + i] += pt * ggml_round_f16(v[i]);
+        }
+    }
+    for (int t = f16 ? pos + 1 : first, nt; t <= pos; t += nt) {
         const int slot = t < kv->cache_len ? t : t % kv->cache_len;
         nt = pos - t + 1 >= 4 && kv->cache_len - slot >= 4 ? 4 : 1;
         const float *v = kv->values + kv_row(kv, h, t);
@@ -1140,7 +1155,7 @@ typedef struct {
     const KvCache *kv;
     int g, per, first, pos;   /* query heads per KV head, heads per piece */
     float scale;
-    int bf16;
+    int bf16, f16;            /* f16: ggml's F16 KV cache (KERNELS_GGML_KV) */
 } AttentionJob;
 
 /* A piece: `per` query heads of one KV head (a KV head's g heads read its keys and values once). */
@@ -1149,10 +1164,10 @@ static void attention_piece(void *ctx, int piece) {
     const int splits = (j->g + j->per - 1) / j->per, h = piece / splits;
     const int n0 = h * j->g + piece % splits * j->per, n1 = n0 + j->per < (h + 1) * j->g ? n0 + j->per : (h + 1) * j->g;
     const int n_keys = j->pos - j->first + 1;
-    attention_scores(j->kv, h, j->q, j->probs, n0, n1, j->first, j->pos, j->scale, j->bf16);
+    attention_scores(j->kv, h, j->q, j->probs, n0, n1, j->first, j->pos, j->scale, j->bf16, j->f16);
     for (int n = n0; n < n1; n++) softmax(j->probs + (size_t)n * n_keys, n_keys);
     for (size_t i = (size_t)n0 * n_keys; j->bf16 && i < (size_t)n1 * n_keys; i++) j->probs[i] = zaya_round_bf16(j->probs[i]);
-    attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos, j->bf16);
+    attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos, j->bf16, j->f16);
 }
 
 void attention(Kernels *k, float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos,
@@ -1160,7 +1175,8 @@ void attention(Kernels *k, float *out, float *probs, const float *q, int nq, con
     const int g = nq / kv->nkv, threads = (size_t)nq * (pos - first + 1) * kv->d >= PARALLEL_MIN_WORK / 4 ? k->pool.threads : 1;
     /* whole KV groups while there are enough of them for the threads; else groups split */
     const int splits = threads <= kv->nkv ? 1 : (threads + kv->nkv - 1) / kv->nkv < g ? (threads + kv->nkv - 1) / kv->nkv : g;
-    AttentionJob j = {out, probs, q, kv, g, (g + splits - 1) / splits, first, pos, scale, bf16};
+    AttentionJob j = {out, probs, q, kv, g, (g + splits - 1) / splits, first, pos, scale, bf16,
+                      (k->ggml & KERNELS_GGML_KV) != 0};
     pool_run(&k->pool, attention_piece, &j, kv->nkv * ((g + j.per - 1) / j.per));
 }
 

@@ -45,8 +45,10 @@ void matmul_grouped_ref(float *y, int ys, const ZayaMatrix *w, int groups, const
  * matrix's ggml type (ZayaMatrix.ggml_type; a matrix without one is not touched); KERNELS_GGML_CONV:
  * matmul_grouped (float32 weights) computes as llama.cpp's ZAYA port does its grouped conv: weights and input
  * rounded to F16 (ggml_cast and ggml_conv_1d's im2col), products summed in float32 (plain loops). 0 turns
- * it off. Out of memory: stays off. */
-enum { KERNELS_GGML_X86 = 1, KERNELS_GGML_REF = 2, KERNELS_GGML_CONV = 4 };
+ * it off. KERNELS_GGML_KV: attention as ggml's without flash attention over an F16 KV cache: keys and query
+ * in F16 for the scores, values and probabilities in F16 for the output (float32 sums, plain loops).
+ * Out of memory: stays off. */
+enum { KERNELS_GGML_X86 = 1, KERNELS_GGML_REF = 2, KERNELS_GGML_CONV = 4, KERNELS_GGML_KV = 8 };
 void kernels_set_ggml(Kernels *k, int mode);
 
 /* Zeroed memory aligned to a cache line (the buffers the kernels stream through); free() it. */

@@ -673,9 +673,9 @@ void zaya_state_free(ZayaState *s) {
 int zaya_state_threads(const ZayaState *s) { return kernels_threads(s->kernels); }
 
 static const char *const placement_names[] = {"fp32-residual", "fp32-norm", "fp32-logits", "ggml",
-                                              "ggml-ref", "ggml-conv", "ggml-gelu"};   /* bit k: 1 << k */
-#define N_PLACEMENTS 7
-#define GGML_PLACEMENTS (ZAYA_GGML | ZAYA_GGML_REF | ZAYA_GGML_CONV | ZAYA_GGML_GELU)
+                                              "ggml-ref", "ggml-conv", "ggml-gelu", "ggml-kv-f16"};   /* bit k: 1 << k */
+#define N_PLACEMENTS 8
+#define GGML_PLACEMENTS (ZAYA_GGML | ZAYA_GGML_REF | ZAYA_GGML_CONV | ZAYA_GGML_GELU | ZAYA_GGML_KV)
 
 int zaya_parse_precision(const char *text, int *precision, int *placement, char *err, size_t errlen) {
     const char *plus = strchr(text, '+');
@@ -725,7 +725,8 @@ const char *zaya_precision_name(int precision, int placement, char *buf, size_t 
 static int ggml_mode(const ZayaState *s) {
     if (s->placement & ZAYA_GGML_GELU) ggml_gelu_init();
     return (s->placement & ZAYA_GGML ? KERNELS_GGML_X86 : s->placement & ZAYA_GGML_REF ? KERNELS_GGML_REF : 0)
-           | (s->placement & ZAYA_GGML_CONV ? KERNELS_GGML_CONV : 0);
+           | (s->placement & ZAYA_GGML_CONV ? KERNELS_GGML_CONV : 0)
+           | (s->placement & ZAYA_GGML_KV ? KERNELS_GGML_KV : 0);
 }
 
 /* bf16 emulates upstream's bf16 run only: the fork's (legacy layout, passthrough skip) rounds elsewhere. */

@@ -55,6 +55,9 @@ enum { ZAYA_GGML_CONV = 32 };
 /* ZAYA_GGML_GELU ("+ggml-gelu"): the router's GELU as the port calls it, ggml_gelu (the tanh approximation
  * read from an F16 table, ggml_round.h) where the official code has the exact (erf) GELU: the port's choice. */
 enum { ZAYA_GGML_GELU = 64 };
+/* ZAYA_GGML_KV ("+ggml-kv-f16"): llama.cpp's F16 KV cache without flash attention (--kv f16 / -ctk f16 -ctv
+ * f16): keys, values, the query and the attention probabilities in F16 in the two products. */
+enum { ZAYA_GGML_KV = 128 };
 
 /* "fp32", "bf16", "bf16-torch1.13", each bf16 one optionally followed by placements:
  * "bf16+fp32-residual+fp32-norm+fp32-logits"; "fp32+ggml" or "fp32+ggml-ref". Returns 0, or -1 with a

@@ -14,6 +14,8 @@ alone (what the port computes: full attention everywhere, one RoPE base), as too
    k and v agree in every layer, and the first local error is the grouped CCA convolution, as on the F32 GGUF.
 4. With the port's two own choices too (+ggml-conv: the conv in F16; +ggml-gelu: ggml_gelu's F16 tanh table)
    every tap of every layer is within tolerance.
+5. A capture of the same GGUF with an F16 KV cache (llama_capture --kv f16): attention differs in every layer from a
+   float32 cache's replay, and with +ggml-kv-f16 every tap is within tolerance.
 """
 import os
 import re
@@ -80,10 +82,10 @@ TAP = re.compile(r"^\s+model\.layers\.(\d+)[.:](\S+)\s+local\s+(\S+)\s+env\s+\S+
 QKV = ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj", "self_attn.qkv_proj.v_proj_current"]
 
 
-def local(precision):
+def local(precision, port=port):
     """compare.py --local --model with the replay at `precision`: (exit status, text, {(layer, tap): (err, ok)})."""
     args = [PY, "compare.py", "--local", port, "--model", noskip, "--replay-out",
-            os.path.join(OUT, "replay_" + (precision or "fp32").replace("+", "_")), "--verbose"]
+            os.path.join(OUT, os.path.basename(port) + "_replay_" + (precision or "fp32").replace("+", "_")), "--verbose"]
     rc, o, e = run(args + (["--precision", precision] if precision else []))
     taps = {(int(m.group(1)), m.group(2)): (float(m.group(3)), m.group(5))
             for m in filter(None, map(TAP.match, o.splitlines()))}
@@ -111,5 +113,18 @@ check(rc == 1 and "FIRST LOCAL ERROR: layer 0, model.layers.0.self_attn.qkv_proj
 rc, text, taps = local("fp32+ggml+ggml-conv+ggml-gelu")
 out = [(i, t, v) for (i, t), v in taps.items() if v[1] != "ok"]
 check(taps and not out, f"fp32+ggml+ggml-conv+ggml-gelu: every one of {len(taps)} taps in tolerance in every layer",
+      str(out[:4]) + text[-300:])
+
+# 5. the same GGUF run with an F16 KV cache (llama_capture --kv f16, no flash attention): +ggml-kv-f16
+port16 = os.path.join(OUT, "port_kvf16")
+rc, o, e = run([PY, "-m", "zaya_compare.portmap", LMAP, need_fixtures("llama_capture", "tiny-Q4_K_M-kvf16"), port16])
+check(rc == 0, "the llama.cpp map converts the recorded capture with an F16 KV cache", (o + e)[-300:])
+rc, text, taps = local("fp32+ggml+ggml-conv+ggml-gelu", port16)
+att = [taps.get((i, "self_attn:attn_output"), (0, ""))[0] for i in range(L)]
+check(rc == 1 and min(att) > 1e-4, f"F16 KV cache, replayed with a float32 cache: attention differs in every layer "
+      f"({' '.join(f'{x:.2g}' for x in att)})", text[-300:])
+rc, text, taps = local("fp32+ggml+ggml-conv+ggml-gelu+ggml-kv-f16", port16)
+out = [(i, t, v) for (i, t), v in taps.items() if v[1] != "ok"]
+check(rc == 0 and taps and not out, f"F16 KV cache, +ggml-kv-f16: every one of {len(taps)} taps in tolerance",
       str(out[:4]) + text[-300:])
 finish()

@@ -23,7 +23,9 @@
 # Placement: a GGUF whose matrices are quantized (or F16 / BF16) is replayed, and run end to end, with
 # --precision fp32+ggml (ggml_round.h: each product's input rounded as ggml's CPU backend quantizes it for
 # the weight's type, Q8_K / Q8_0 / Q8_1 / F16 / BF16), so that ggml's own arithmetic is not reported as
-# the port's error; --placement none replays in plain float32, ggml forces it.
+# the port's error; --placement none replays in plain float32, ggml forces it. With --kv f16 (and no flash
+# attention) the F16 KV cache too (+ggml-kv-f16). Not used: +ggml-conv and +ggml-gelu, the port's own choices
+# (its F16 grouped conv and tanh GELU), which the bisect is there to name.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "bisect_llama: $1" >&2; [ -n "${2:-}" ] && echo "  hint: $2" >&2; exit 2; }
@@ -90,6 +92,10 @@ print(' '.join(sorted({t.type for n, t in g.tensors.items() if len(t.ne) >= 2 an
              "replay in plain float32)"
     else
         echo "placement: the GGUF's matrices are F32: plain float32 replay (ggml rounds no product's input)"
+    fi
+    if [ "$KV" = f16 ] && [ "$FA" = off ]; then
+        PREC_GGML="${PREC_GGML:-fp32}+ggml-kv-f16"
+        echo "placement: --kv f16 without flash attention: keys, values, query and probabilities in F16 (+ggml-kv-f16)"
     fi
 fi
 if [ "$KEEP_SKIP" = 0 ]; then
