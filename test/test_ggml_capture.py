@@ -73,6 +73,23 @@ check(q in ("Q4_K", "Q5_K", "Q6_K") and tagged.get("model.layers.0.input_layerno
       f"the blob records each tensor's ggml type (q_proj {q}; every one of {n} tensors tagged)",
       str({k: v for k, v in tagged.items() if v == "none"})[:300])
 
+# a ggml type out of range in a name field's tail is refused with its message (the header CRC is recomputed)
+import zlib  # noqa: E402
+with open(noskip, "rb") as f:
+    data = bytearray(f.read(1 << 20))
+O_PROJ = b"model.layers.0.self_attn.o_proj.weight\0"
+e = next(1024 + 192 * i for i in range(n) if head[1024 + 192 * i:].startswith(O_PROJ))
+struct.pack_into("<I", data, e + 124, 200)
+struct.pack_into("<I", data, 12, 0)
+struct.pack_into("<I", data, 12, zlib.crc32(bytes(data[:1024]) + bytes(data[1024:1024 + 192 * n])) & 0xFFFFFFFF)
+bad_blob = os.path.join(OUT, "bad-ggml-type.bin")
+shutil.copyfile(noskip, bad_blob)
+with open(bad_blob, "r+b") as f:
+    f.write(data[:1024 + 192 * n])
+rc, o, e = run(["./zaya", bad_blob, "--ids", "2", "-n", "0"])
+check(rc != 0 and "records ggml type 200" in e and "o_proj" in e, "a blob whose name field records ggml type 199 is "
+      "refused, naming the tensor", f"rc {rc}: {e[-300:]}")
+
 # the capture under zaya.c's names
 port = os.path.join(OUT, "port")
 rc, o, e = run([PY, "-m", "zaya_compare.portmap", LMAP, CAP, port])
@@ -84,8 +101,8 @@ QKV = ["self_attn.qkv_proj.q_proj", "self_attn.qkv_proj.k_proj", "self_attn.qkv_
 
 def local(precision, port=port):
     """compare.py --local --model with the replay at `precision`: (exit status, text, {(layer, tap): (err, ok)})."""
-    args = [PY, "compare.py", "--local", port, "--model", noskip, "--replay-out",
-            os.path.join(OUT, os.path.basename(port) + "_replay_" + (precision or "fp32").replace("+", "_")), "--verbose"]
+    replay = os.path.join(OUT, os.path.basename(port) + "_replay_" + (precision or "fp32").replace("+", "_"))
+    args = [PY, "compare.py", "--local", port, "--model", noskip, "--replay-out", replay, "--verbose"]
     rc, o, e = run(args + (["--precision", precision] if precision else []))
     taps = {(int(m.group(1)), m.group(2)): (float(m.group(3)), m.group(5))
             for m in filter(None, map(TAP.match, o.splitlines()))}
