@@ -13,10 +13,10 @@ WARN     = -std=c11 -Wall -Wextra -Werror -Wno-unknown-pragmas
 WARN    += -ffp-contract=off
 COMMIT  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DEFS     = -DZAYA_COMMIT=\"$(COMMIT)\"
-LIB      = zaya.c blob.c kernels.c tokenizer.c trace.c zmath.c vision.c image.c
+LIB      = zaya.c blob.c kernels.c ggml_round.c tokenizer.c trace.c zmath.c vision.c image.c
 CLI      = dump.c kld.c replay.c
 SRC      = $(LIB) $(CLI) main.c
-HDR      = zaya.h tensor.h kernels.h tokenizer.h trace.h dump.h kld.h replay.h zmath.h vision.h image.h
+HDR      = zaya.h tensor.h kernels.h ggml_round.h tokenizer.h trace.h dump.h kld.h replay.h zmath.h vision.h image.h
 LIBS     = -pthread -lm
 # compare.py and the tests need numpy: PYTHON is the first of python3, /usr/bin/python3 that imports it
 NUMPY_HINT = compare.py needs numpy: apt-get install python3-numpy (tried python3 and /usr/bin/python3; or make PYTHON=...)
@@ -45,6 +45,11 @@ build/test_kernels: test/test_kernels.c $(LIB) $(HDR)
 build/test_zmath: test/test_zmath.c zmath.c zmath.h
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_zmath.c zmath.c -lm
+
+# test/test_ggml_round.c: ggml_round.c's quantizers against ggml's recorded ones, and the placement in matmul
+build/test_ggml_round: test/test_ggml_round.c $(LIB) $(HDR)
+	mkdir -p build
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_ggml_round.c $(LIB) $(LIBS)
 
 # test/test_sample.c includes main.c whole, to test the command line's static sampler
 build/test_sample: test/test_sample.c $(SRC) $(HDR)
@@ -81,7 +86,7 @@ build/matmul_rate: bench/matmul_rate.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ bench/matmul_rate.c $(LIB) $(LIBS)
 
-test: zaya zaya_debug build/test_kernels build/test_zmath build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps build/test_vision build/test_image
+test: zaya zaya_debug build/test_kernels build/test_zmath build/test_ggml_round build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps build/test_vision build/test_image
 	@$(PYTHON) -c 'import numpy' 2>/dev/null || { echo "make test: $(NUMPY_HINT)" >&2; exit 1; }
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 

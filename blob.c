@@ -24,6 +24,7 @@
 #define HEADER_SIZE 1024
 #define DIR_ENTRY_SIZE 192
 #define NAME_SIZE 128
+#define GGML_TYPE_AT 124   /* a GGUF's blob: u32 1 + the tensor's ggml type in the name field's tail */
 #define HINT_REEXPORT "hint: re-export the checkpoint with export_weights.py"
 
 static uint32_t rd_u32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -35,6 +36,7 @@ typedef struct {
     uint32_t dtype, ndim;
     uint64_t shape[4], offset, nbytes;
     uint32_t crc, group;      /* field 188: int8 group size; FP8: the scale dtype; MXFP4: 32; else 0 */
+    uint32_t ggml_type;       /* name field bytes 124..127 (names of at most 123 bytes): 1 + ggml type; else 0 */
     int used;
 } DirEntry;
 
@@ -117,6 +119,7 @@ static int load_matrix(Loader *ld, ZayaMatrix *m, const char *name, uint64_t n, 
     m->scales = e->dtype == ZAYA_Q8 || e->dtype == ZAYA_FP8 ? (const float *)after : NULL;
     m->exponents = e->dtype == ZAYA_MXFP4 ? after : NULL;
     m->scale_dtype = e->dtype == ZAYA_FP8 ? (int)e->group : 0;
+    m->ggml_type = (int)e->ggml_type;
     return 0;
 }
 
@@ -387,6 +390,11 @@ static int read_directory(Loader *ld, const unsigned char *h, uint64_t data_off,
         memcpy(e->name, p, NAME_SIZE);
         if (memchr(e->name, 0, NAME_SIZE) == NULL || e->name[0] == 0)
             return zaya_fail(ld->err, ld->errlen, "%s: tensor directory entry %d has no valid name\n  %s", ld->path, i, HINT_REEXPORT);
+        e->ggml_type = strlen(e->name) < GGML_TYPE_AT ? rd_u32(p + GGML_TYPE_AT) : 0;
+        if (e->ggml_type > 64)
+            return zaya_fail(ld->err, ld->errlen, "%s: tensor %s records ggml type %u - 1 (name field bytes %d..%d)\n"
+                             "  expected: 0 (not from a GGUF) or 1 + a ggml type id (0..63)\n  %s", ld->path, e->name,
+                             e->ggml_type, GGML_TYPE_AT, NAME_SIZE - 1, HINT_REEXPORT);
         e->dtype = rd_u32(p + NAME_SIZE);
         e->ndim = rd_u32(p + NAME_SIZE + 4);
         uint64_t numel = 1;

@@ -62,6 +62,8 @@ def parser(views):
     ap.add_argument("--model", help="with --local: run ./zaya MODEL --replay TEST_DIR itself (into TEST_DIR_replay_*)")
     ap.add_argument("--replay-out", help="with --model: the replays' prefix: PREFIX_fp32 (and PREFIX_bf16) "
                     "(default TEST_DIR_replay)")
+    ap.add_argument("--precision", metavar="P", help="with --local --model: the replay's ./zaya --precision, e.g. "
+                    "fp32+ggml for a quantized GGUF that llama.cpp runs on its CPU backend (ggml's roundings)")
     ap.add_argument("--bf16", action="store_true", help="with --local --model: the port runs in bf16; also replay in "
                     "bf16 for the envelope")
     ap.add_argument("--reference", help="with --local: a reference dump of the same ids, for the end-to-end column")

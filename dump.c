@@ -329,6 +329,8 @@ static int write_index_json(const Dump *d, char *err, size_t errlen) {
     write_weight_format(f, d);
     fprintf(f, ",\n  \"skip_expert\": \"%s\"", skip_name(d));
     if (d->precision != ZAYA_PRECISION_FP32) fprintf(f, ",\n  \"precision\": \"%s\"", precision_name(d));
+    if (d->placement & (ZAYA_GGML | ZAYA_GGML_REF))   /* fp32 with ggml's roundings (ggml_round.h) */
+        fprintf(f, ",\n  \"arithmetic\": \"%s\"", precision_name(d));
     if (d->replay_json) fprintf(f, ",\n  \"replay\": %s", d->replay_json);
     fputs(",\n  \"tokens\": ", f);
     write_tokens(f, d);

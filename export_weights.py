@@ -57,6 +57,7 @@ EXPORTER_VERSION = "zaya.c export_weights.py 1.0"
 HEADER_SIZE = 1024          # fixed header + config + layer types + provenance
 DIR_ENTRY_SIZE = 192        # one tensor directory entry
 NAME_SIZE = 128             # NUL-padded tensor name inside an entry
+GGML_TYPE_AT = 124          # a GGUF's blob: u32 1 + the tensor's ggml type at bytes 124..127 of the name field
 MAX_LAYERS = 256            # size of the layer-type table in format version 1
 MAX_EOS = 4
 ALIGN = 64                  # every tensor starts on a 64-byte boundary
@@ -949,6 +950,34 @@ def build_quantizer():
     return exe
 
 
+def build_dequantizer(log):
+    """The GGUF dequantizer (dequantize.c: ggml's to_float in C, bit for bit gguf.py's); compiled on first use.
+    None (gguf.py's Python twin does the work, slower) when ZAYA_GGUF_PYTHON=1 or it cannot be built."""
+    if os.environ.get("ZAYA_GGUF_PYTHON"):
+        return None
+    here = os.path.dirname(os.path.abspath(__file__))
+    src, exe = os.path.join(here, "dequantize.c"), os.path.join(here, "build", "zaya-dequantize")
+    if os.path.isfile(exe) and (not os.path.isfile(src) or os.path.getmtime(exe) >= os.path.getmtime(src)):
+        return exe
+    why = None
+    if not os.path.isfile(src):
+        why = f"{src} is missing"
+    else:
+        os.makedirs(os.path.dirname(exe), exist_ok=True)
+        cc = os.environ.get("CC", "cc")
+        try:
+            p = subprocess.run([cc, "-O2", "-std=c11", "-ffp-contract=off", src, "-o", exe], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+            why = None if p.returncode == 0 else p.stdout.decode(errors="replace")[-300:]
+        except OSError as e:
+            why = f"cannot run {cc} ({e})"
+    if why:
+        log(f"note: the GGUF is dequantized in Python (about 7 million values a second): the C helper could not be "
+            f"built: {why}")
+        return None
+    return exe
+
+
 def quantize_tensor(quantizer, w, entry, srcs, where, log):
     """Streams one matrix through quantize.c, which writes its int8 values and scales in place."""
     name, _, shape, offset, nbytes, _, group = entry
@@ -1118,6 +1147,14 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
                          tok_off, len(tok), file_size, provenance,
                          FORMAT_VERSION_VL if c.get("vl") else FORMAT_VERSION_QUANTIZED if native else FORMAT_VERSION)
     directory = b"".join(pack_entry(*e) for e in entries)
+    if is_gguf(ckpt):           # each tensor's ggml type in its name field's tail (docs/blob-format.md)
+        directory = bytearray(directory)
+        for i, (name, shape, kind, srcs) in enumerate(plan):
+            from_gguf = [s for s in srcs if isinstance(where[s], GGUFPortTensors)]
+            types = {where[s].ggml_type(s) for s in from_gguf}
+            if len(types) == 1 and len(from_gguf) == len(srcs) and len(name.encode()) < GGML_TYPE_AT:
+                struct.pack_into("<I", directory, DIR_ENTRY_SIZE * i + GGML_TYPE_AT, 1 + types.pop())
+        directory = bytes(directory)
     struct.pack_into("<I", header, 12, zlib.crc32(directory, zlib.crc32(bytes(header))))
     w.f.seek(0)
     w.f.write(header)
@@ -1702,13 +1739,21 @@ class GGUFPortTensors:
         self.src[name] = (gname, first_row)
         self.types[gname] = self.g.tensors[gname].type
 
+    def ggml_type(self, name):
+        """The ggml type id (ggml.h's enum ggml_type) of the GGUF tensor `name` is read from."""
+        tname = self.g.tensors[self.src[name][0]].type
+        return next(i for i, n in gguf.GGML_TYPE_NAMES.items() if n == tname)
+
     def read(self, name, begin, end):
         gname, row0 = self.src[name]
         ne0 = self.g.tensors[gname].ne[0]
         end = min(end, self.tensors[name][3])
         e0, e1 = begin // 4, end // 4
         r0, r1 = e0 // ne0, -(-e1 // ne0)
-        values = self.g.dequantize(gname, row0 + r0, r1 - r0)
+        try:
+            values = self.g.dequantize(gname, row0 + r0, r1 - r0)
+        except gguf.GGUFError as e:     # the compiled dequantizer failed: one message, no traceback
+            raise ExportError(str(e))
         return values.tobytes()[4 * (e0 - r0 * ne0):4 * (e1 - r0 * ne0)]
 
 
@@ -1795,6 +1840,9 @@ def open_port_gguf(path, tokenizer, log):
     if arch != "zaya":
         fail("the GGUF is not a ZAYA model", f"{g.path}: general.architecture", "'zaya'", repr(arch),
              "export_weights.py reads GGUFs written by llama.cpp's ZAYA port (convert_hf_to_gguf.py, ZayaModel)")
+    exe = build_dequantizer(log)
+    if exe:
+        g.use_helper(exe)
     src = GGUFPortTensors(g)
     gname_of = {}
     half = g.kv.get("zaya.block_count")

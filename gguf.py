@@ -114,6 +114,7 @@ def open_sized(path, kind, least, what_least, hint, fail=fail):
 class GGUFFile:
     def __init__(self, path):
         self.path = path
+        self.helper = None                    # the compiled dequantizer's process (use_helper), or None
         self.size, self.f = open_sized(path, "GGUF", 24, "at least 24 bytes (magic, version, counts)",
                                        "the file is incomplete; download or convert it again")
         self.mm = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -258,15 +259,47 @@ class GGUFFile:
         return self.mm[t.offset + begin:t.offset + end]
 
     def dequantize(self, name, first_row=0, n_rows=None):
-        """Rows [first_row, first_row + n_rows) of tensor `name` (rows of ne[0] elements) as array('f')."""
+        """Rows [first_row, first_row + n_rows) of tensor `name` (rows of ne[0] elements) as array('f'):
+        by the compiled helper when use_helper() started one, else in Python (the same bits)."""
         t = self.tensors[name]
         rows = t.numel // t.ne[0]
         n_rows = rows - first_row if n_rows is None else n_rows
         qk, bs = BLOCKS[t.type]
         row_bytes = t.ne[0] // qk * bs
+        if self.helper is not None:
+            return self._helper_dequantize(t, first_row * row_bytes, n_rows * row_bytes)
         return dequantize(t.type, self.raw(name, first_row * row_bytes, (first_row + n_rows) * row_bytes))
 
+    def use_helper(self, exe):
+        """Dequantize with exe (dequantize.c, built by export_weights.py: ggml's to_float in C, the same bits as
+        this module's Python twin), one process for the file that answers one request per tensor piece."""
+        import subprocess
+        self.helper = subprocess.Popen([exe, self.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE)
+
+    def _helper_dequantize(self, t, begin, nbytes):
+        qk, bs = BLOCKS[t.type]
+        want = nbytes // bs * qk * 4
+        out = array("f")
+        try:
+            self.helper.stdin.write(f"{t.type} {t.offset + begin} {nbytes}\n".encode())
+            self.helper.stdin.flush()
+            data = self.helper.stdout.read(want) if want else b""
+        except (BrokenPipeError, OSError):
+            data = b""
+        if len(data) != want:
+            err = self.helper.stderr.read().decode(errors="replace").strip() if self.helper.poll() is not None else ""
+            fail("the compiled GGUF dequantizer failed", f"{self.path}: tensor '{t.name}'", f"{want} bytes of values",
+                 f"{len(data)} bytes" + (f" ({err})" if err else ""),
+                 "set ZAYA_GGUF_PYTHON=1 to dequantize in Python instead (slower, the same values)")
+        out.frombytes(data)
+        return out
+
     def close(self):
+        if self.helper is not None:
+            self.helper.stdin.close()
+            self.helper.wait()
+            self.helper = None
         self.mm.close()
         self.f.close()
 

@@ -18,6 +18,7 @@
  */
 #define _GNU_SOURCE   /* sched_getaffinity, madvise(MADV_HUGEPAGE) */
 #include "kernels.h"
+#include "ggml_round.h"
 #include "zmath.h"
 
 #include <math.h>
@@ -971,6 +972,8 @@ struct Kernels {
     int max_cols, max_tokens;
     int16_t *xq;       /* activations quantized for int8 weights [max_tokens, max_cols] */
     float *xq_scales;  /* their scales, one per group */
+    int ggml;          /* the ggml placement: KERNELS_GGML_* flags (kernels_set_ggml), 0 off */
+    float *ggml_x;     /* the activations as ggml's vec_dot_type holds them [max_tokens, max_cols] */
 };
 
 Kernels *kernels_new(int threads, int max_cols, int max_tokens) {
@@ -989,9 +992,15 @@ Kernels *kernels_new(int threads, int max_cols, int max_tokens) {
     return k;
 }
 
+void kernels_set_ggml(Kernels *k, int mode) {
+    if (mode && !k->ggml_x) k->ggml_x = calloc_lines((size_t)k->max_cols * k->max_tokens, sizeof(float));
+    k->ggml = k->ggml_x ? mode : 0;
+}
+
 void kernels_free(Kernels *k) {
     if (!k) return;
     pool_stop(&k->pool);
+    free(k->ggml_x);
     free(k->xq);
     free(k->xq_scales);
     free(k);
@@ -1060,9 +1069,34 @@ static void quantize_piece(void *ctx, int piece) {   /* the groups of tokens [pi
             quantize_q16(j->xq + (size_t)t * cols, j->xqs + (size_t)t * (cols / G), j->x + (size_t)t * j->xs, cols, G, g);
 }
 
+/* The ZAYA port's grouped conv (KERNELS_GGML_CONV): W (float32) and X rounded to F16, float32 sums in
+ * plain loops (a small product: C rows of d * t1). */
+static void conv_f16_product(float *y, int ys, const ZayaMatrix *w, int groups, const float *x, int xs, int n) {
+    const int group_rows = w->rows / groups;
+    const float *wf = w->data;
+    for (int t = 0; t < n; t++)
+        for (int o = 0; o < w->rows; o++) {
+            const float *xg = x + (size_t)t * xs + (size_t)(o / group_rows) * w->cols, *wo = wf + (size_t)o * w->cols;
+            float sum = 0.0f;
+            for (int i = 0; i < w->cols; i++) sum += ggml_round_f16(wo[i]) * ggml_round_f16(xg[i]);
+            y[(size_t)t * ys + o] = sum;
+        }
+}
+
 /* count products of one input (the same format and width) as one job; groups > 1: count = 1. */
 static void matmul_job(Kernels *k, const MatmulOut *out, int count, int groups, const float *x, int xs, int n) {
     const ZayaMatrix *w = out[0].w;
+    if (groups > 1 && k->ggml & KERNELS_GGML_CONV && w->dtype == ZAYA_F32) {   /* the port's F16 conv */
+        conv_f16_product(out[0].y, out[0].ys, w, groups, x, xs, n);
+        return;
+    }
+    if (groups == 1 && k->ggml & (KERNELS_GGML_X86 | KERNELS_GGML_REF) && w->ggml_type > 0) {
+        for (int t = 0; t < n; t++)   /* the input as ggml's vec_dot_type for this weight type holds it */
+            ggml_round_row(k->ggml_x + (size_t)t * w->cols, x + (size_t)t * xs, w->cols, w->ggml_type - 1,
+                           k->ggml & KERNELS_GGML_X86);
+        x = k->ggml_x;
+        xs = w->cols;
+    }
     size_t work = 0;
     int tiles = 0;
     for (int i = 0; i < count; i++) {
@@ -1100,7 +1134,8 @@ void matmul_grouped(Kernels *k, float *y, int ys, const ZayaMatrix *w, int group
 void matmuls(Kernels *k, const MatmulOut *out, int count, const float *x, int xs, int n) {
     int same = 1;   /* one quantized input serves products of one format */
     for (int i = 1; i < count; i++)
-        same = same && out[i].w->dtype == out[0].w->dtype && out[i].w->group_size == out[0].w->group_size;
+        same = same && out[i].w->dtype == out[0].w->dtype && out[i].w->group_size == out[0].w->group_size
+               && (!k->ggml || out[i].w->ggml_type == out[0].w->ggml_type);   /* ggml: one vec_dot_type */
     if (same) matmul_job(k, out, count, 1, x, xs, n);
     else for (int i = 0; i < count; i++) matmul_job(k, &out[i], 1, 1, x, xs, n);
 }
@@ -1139,10 +1174,18 @@ static void prefetch_row(const KvCache *kv, const float *cache, int h, int pos) 
  * p[n * n_keys + t - first]: each key is loaded once for up to DOT_TOKENS heads. bf16: the product
  * and the scaled score rounded to bfloat16. */
 static void attention_scores(const KvCache *kv, int h, const float *q, float *p, int n0, int n1, int first, int pos,
-                             float scale, int bf16) {
+                             float scale, int bf16, int f16) {
     const int d = kv->d, n_keys = pos - first + 1;
     for (int t = first; t <= pos; t++) {
         const float *key = kv->keys + kv_row(kv, h, t);
+        if (f16) {   /* ggml: an F16 cache's keys times the query converted to F16 (its vec_dot_type), float sums */
+            for (int n = n0; n < n1; n++) {
+                float dot = 0.0f;
+                for (int i = 0; i < d; i++) dot += ggml_round_f16(key[i]) * ggml_round_f16(q[(size_t)n * d + i]);
+                p[(size_t)n * n_keys + (t - first)] = dot * scale;
+            }
+            continue;
+        }
         if (t + KV_AHEAD <= pos) prefetch_row(kv, kv->keys, h, t + KV_AHEAD);
         for (int n = n0; n < n1; n += DOT_TOKENS) {
             const int nr = n1 - n < DOT_TOKENS ? n1 - n : DOT_TOKENS;
@@ -1157,10 +1200,17 @@ static void attention_scores(const KvCache *kv, int h, const float *q, float *p,
 /* o_n = sum_t p_n[t] v_t for query heads [n0, n1) of KV head h, added in position order, four
  * positions per pass over o where their slots are adjacent; bf16: the sum rounded to bfloat16. */
 static void attention_values(const KvCache *kv, int h, const float *p, float *out, int n0, int n1, int first, int pos,
-                             int bf16) {
+                             int bf16, int f16) {
     const int d = kv->d, n_keys = pos - first + 1;
     memset(out + (size_t)n0 * d, 0, (size_t)(n1 - n0) * d * sizeof(float));
-    for (int t = first, nt; t <= pos; t += nt) {
+    for (int t = first; f16 && t <= pos; t++) {   /* ggml: F16 values times the probabilities converted to F16 */
+        const float *v = kv->values + kv_row(kv, h, t);
+        for (int n = n0; n < n1; n++) {
+            const float pt = ggml_round_f16(p[(size_t)n * n_keys + (t - first)]);
+            for (int i = 0; i < d; i++) out[(size_t)n * d + i] += pt * ggml_round_f16(v[i]);
+        }
+    }
+    for (int t = f16 ? pos + 1 : first, nt; t <= pos; t += nt) {
         const int slot = t < kv->cache_len ? t : t % kv->cache_len;
         nt = pos - t + 1 >= 4 && kv->cache_len - slot >= 4 ? 4 : 1;
         const float *v = kv->values + kv_row(kv, h, t);
@@ -1184,7 +1234,7 @@ typedef struct {
     const KvCache *kv;
     int g, per, first, pos;   /* query heads per KV head, heads per piece */
     float scale;
-    int bf16;
+    int bf16, f16;            /* f16: ggml's F16 KV cache (KERNELS_GGML_KV) */
 } AttentionJob;
 
 /* A piece: `per` query heads of one KV head (a KV head's g heads read its keys and values once). */
@@ -1193,10 +1243,10 @@ static void attention_piece(void *ctx, int piece) {
     const int splits = (j->g + j->per - 1) / j->per, h = piece / splits;
     const int n0 = h * j->g + piece % splits * j->per, n1 = n0 + j->per < (h + 1) * j->g ? n0 + j->per : (h + 1) * j->g;
     const int n_keys = j->pos - j->first + 1;
-    attention_scores(j->kv, h, j->q, j->probs, n0, n1, j->first, j->pos, j->scale, j->bf16);
+    attention_scores(j->kv, h, j->q, j->probs, n0, n1, j->first, j->pos, j->scale, j->bf16, j->f16);
     for (int n = n0; n < n1; n++) softmax(j->probs + (size_t)n * n_keys, n_keys);
     for (size_t i = (size_t)n0 * n_keys; j->bf16 && i < (size_t)n1 * n_keys; i++) j->probs[i] = zaya_round_bf16(j->probs[i]);
-    attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos, j->bf16);
+    attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos, j->bf16, j->f16);
 }
 
 void attention(Kernels *k, float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos,
@@ -1204,7 +1254,8 @@ void attention(Kernels *k, float *out, float *probs, const float *q, int nq, con
     const int g = nq / kv->nkv, threads = (size_t)nq * (pos - first + 1) * kv->d >= PARALLEL_MIN_WORK / 4 ? k->pool.threads : 1;
     /* whole KV groups while there are enough of them for the threads; else groups split */
     const int splits = threads <= kv->nkv ? 1 : (threads + kv->nkv - 1) / kv->nkv < g ? (threads + kv->nkv - 1) / kv->nkv : g;
-    AttentionJob j = {out, probs, q, kv, g, (g + splits - 1) / splits, first, pos, scale, bf16};
+    AttentionJob j = {out, probs, q, kv, g, (g + splits - 1) / splits, first, pos, scale, bf16,
+                      (k->ggml & KERNELS_GGML_KV) != 0};
     pool_run(&k->pool, attention_piece, &j, kv->nkv * ((g + j.per - 1) / j.per));
 }
 

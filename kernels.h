@@ -39,6 +39,18 @@ void matmuls(Kernels *k, const MatmulOut *out, int count, const float *x, int xs
 void matmul_grouped(Kernels *k, float *y, int ys, const ZayaMatrix *w, int groups, const float *x, int xs, int n);
 void matmul_grouped_ref(float *y, int ys, const ZayaMatrix *w, int groups, const float *x, int xs, int n);
 
+/* ggml's CPU arithmetic as a placement (--precision fp32+ggml, ggml_round.h), a sum of flags: with
+ * KERNELS_GGML_X86 (x86's Q8_0, the AVX/AVX2 builds) or KERNELS_GGML_REF (ggml's reference Q8_0), matmul and
+ * matmuls first round their input as ggml's CPU backend hands it to the dot products with a weight of the
+ * matrix's ggml type (ZayaMatrix.ggml_type; a matrix without one is not touched); KERNELS_GGML_CONV:
+ * matmul_grouped (float32 weights) computes as llama.cpp's ZAYA port does its grouped conv: weights and input
+ * rounded to F16 (ggml_cast and ggml_conv_1d's im2col), products summed in float32 (plain loops). 0 turns
+ * it off. KERNELS_GGML_KV: attention as ggml's without flash attention over an F16 KV cache: keys and query
+ * in F16 for the scores, values and probabilities in F16 for the output (float32 sums, plain loops).
+ * Out of memory: stays off. */
+enum { KERNELS_GGML_X86 = 1, KERNELS_GGML_REF = 2, KERNELS_GGML_CONV = 4, KERNELS_GGML_KV = 8 };
+void kernels_set_ggml(Kernels *k, int mode);
+
 /* Zeroed memory aligned to a cache line (the buffers the kernels stream through); free() it. */
 void *calloc_lines(size_t n, size_t size);
 

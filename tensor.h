@@ -37,6 +37,7 @@ typedef struct {
                             * with the AVX-512 VNNI kernels, docs/blob-format.md); 0 = rows as in the blob */
     const uint8_t *exponents;   /* MXFP4 only: rows*cols/32 E8M0 bytes, row-major */
     int scale_dtype;       /* FP8 only: what each e4m3(q) * scale is rounded to: ZAYA_F32, ZAYA_BF16 or ZAYA_F16 */
+    int ggml_type;         /* exported from a GGUF: 1 + the ggml type (ggml.h) of the tensor it was read from; else 0 */
 } ZayaMatrix;
 
 /* Where value i (0..cols-1) of an int8 row is stored: each block of 8 groups is interleaved so

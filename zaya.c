@@ -12,6 +12,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "zaya.h"
+#include "ggml_round.h"
 #include "kernels.h"
 #include "zmath.h"
 
@@ -128,7 +129,7 @@ static float silu_held(const Batch *b, float x) {
 
 /* GELU in place over n values, each result held (the router MLP's activations) */
 static void gelu_held(const Batch *b, float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] = held(b, gelu(x[i]));
+    for (size_t i = 0; i < n; i++) x[i] = held(b, b->placement & ZAYA_GGML_GELU ? ggml_gelu(x[i]) : gelu(x[i]));
 }
 
 /* y[t] += bias for the n rows of y (stride floats apart), `len` values each. */
@@ -794,7 +795,10 @@ void zaya_state_free(ZayaState *s) {
 
 int zaya_state_threads(const ZayaState *s) { return kernels_threads(s->kernels); }
 
-static const char *const placement_names[] = {"fp32-residual", "fp32-norm", "fp32-logits"};   /* bit k: 1 << k */
+static const char *const placement_names[] = {"fp32-residual", "fp32-norm", "fp32-logits", "ggml",
+                                              "ggml-ref", "ggml-conv", "ggml-gelu", "ggml-kv-f16"};   /* bit k: 1 << k */
+#define N_PLACEMENTS 8
+#define GGML_PLACEMENTS (ZAYA_GGML | ZAYA_GGML_REF | ZAYA_GGML_CONV | ZAYA_GGML_GELU | ZAYA_GGML_KV)
 
 int zaya_parse_precision(const char *text, int *precision, int *placement, char *err, size_t errlen) {
     const char *plus = strchr(text, '+');
@@ -811,12 +815,21 @@ int zaya_parse_precision(const char *text, int *precision, int *placement, char 
         const char *end = strchr(p + 1, '+');
         const size_t len = end ? (size_t)(end - p - 1) : strlen(p + 1);
         int k = 0;
-        while (k < 3 && !(strlen(placement_names[k]) == len && !strncmp(p + 1, placement_names[k], len))) k++;
-        if (k == 3)
+        while (k < N_PLACEMENTS && !(strlen(placement_names[k]) == len && !strncmp(p + 1, placement_names[k], len)))
+            k++;
+        if (k == N_PLACEMENTS)
             return zaya_fail(err, errlen, "bad placement \"%.*s\" in precision \"%s\"\n  expected: fp32-residual, "
-                             "fp32-norm or fp32-logits after a bf16 precision (docs/bf16.md)", (int)len, p + 1, text);
+                             "fp32-norm or fp32-logits after a bf16 precision (docs/bf16.md), ggml or ggml-ref after "
+                             "fp32", (int)len, p + 1, text);
         *placement |= 1 << k;
     }
+    if ((*placement & (ZAYA_GGML | ZAYA_GGML_REF)) == (ZAYA_GGML | ZAYA_GGML_REF))
+        return zaya_fail(err, errlen, "precision \"%s\": +ggml and +ggml-ref are two versions of ggml's Q8_0; give one",
+                         text);
+    if (*placement & GGML_PLACEMENTS && *precision != ZAYA_PRECISION_FP32)
+        return zaya_fail(err, errlen, "precision \"%s\": ggml's CPU arithmetic is float32 with its own roundings\n"
+                         "  hint: fp32+ggml", text);
+    if (*placement & GGML_PLACEMENTS) return 0;
     if (*placement && *precision == ZAYA_PRECISION_FP32)
         return zaya_fail(err, errlen, "precision \"%s\": a placement moves bf16 rounding points to float32; fp32 has none\n"
                          "  hint: bf16+... or bf16-torch1.13+...", text);
@@ -826,16 +839,26 @@ int zaya_parse_precision(const char *text, int *precision, int *placement, char 
 const char *zaya_precision_name(int precision, int placement, char *buf, size_t len) {
     const char *base = precision == ZAYA_PRECISION_BF16 ? "bf16" : precision == ZAYA_PRECISION_BF16_TORCH113 ? "bf16-torch1.13" : "fp32";
     int at = snprintf(buf, len, "%s", base);
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < N_PLACEMENTS; k++)
         if (placement & 1 << k && at >= 0 && (size_t)at < len) at += snprintf(buf + at, len - (size_t)at, "+%s", placement_names[k]);
     return buf;
 }
 
+/* The kernels' ggml mode (kernels_set_ggml) of the state's placement. */
+static int ggml_mode(const ZayaState *s) {
+    if (s->placement & ZAYA_GGML_GELU) ggml_gelu_init();
+    return (s->placement & ZAYA_GGML ? KERNELS_GGML_X86 : s->placement & ZAYA_GGML_REF ? KERNELS_GGML_REF : 0)
+           | (s->placement & ZAYA_GGML_CONV ? KERNELS_GGML_CONV : 0)
+           | (s->placement & ZAYA_GGML_KV ? KERNELS_GGML_KV : 0);
+}
+
 /* bf16 emulates upstream's bf16 run only: the fork's (legacy layout, passthrough skip) rounds elsewhere. */
 static int check_precision(const ZayaModel *m, const ZayaState *s, char *err, size_t errlen) {
-    if (s->placement && s->precision == ZAYA_PRECISION_FP32)
+    if (s->placement & ~GGML_PLACEMENTS && s->precision == ZAYA_PRECISION_FP32)
         return zaya_fail(err, errlen, "bf16 placement flags %d with the fp32 precision\n  hint: placements apply to bf16 runs",
                          s->placement);
+    if (s->placement & GGML_PLACEMENTS && s->precision != ZAYA_PRECISION_FP32)
+        return zaya_fail(err, errlen, "the ggml placement with a bf16 precision\n  hint: fp32+ggml");
     if (s->precision == ZAYA_PRECISION_FP32 || (m->source_layout == 0 && s->skip_expert != ZAYA_SKIP_PASSTHROUGH)) return 0;
     return zaya_fail(err, errlen, "--precision bf16 emulates upstream transformers' bf16 run; this run is Zyphra's "
                      "fork's (%s)\n  expected: a blob exported from the native layout, --skip-expert zero\n"
@@ -859,6 +882,7 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
         return zaya_fail(err, errlen, "context is full: %d positions used of %d, %d more needed\n"
                          "  hint: start a new conversation or raise --ctx (max %d)", s->pos, s->ctx, n,
                          c->max_position);
+    kernels_set_ggml(s->kernels, ggml_mode(s));
     int batch = s->batch >= 1 && s->batch <= ZAYA_BATCH ? s->batch : ZAYA_BATCH, images = 0;
     for (int t = 0; s->image_both_ways && t < n && s->image_next + images < s->n_image_features; t++)
         images += tokens[t] == m->image_token_id;
@@ -900,6 +924,7 @@ int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *
         return zaya_fail(err, errlen, "replay of layer %d: the model has layers 0..%d (%d = the final norm and LM head)",
                          layer, c->num_layers - 1, c->num_layers);
     if (check_precision(m, s, err, errlen) != 0) return -1;
+    kernels_set_ggml(s->kernels, ggml_mode(s));
     if (n > s->ctx - s->pos)
         return zaya_fail(err, errlen, "replay: %d positions do not fit the context of %d (%d used)\n  hint: raise --ctx",
                          n, s->ctx, s->pos);

@@ -45,9 +45,26 @@ enum { ZAYA_PRECISION_FP32 = 0, ZAYA_PRECISION_BF16 = 1, ZAYA_PRECISION_BF16_TOR
  *   FP32_LOGITS    the LM head's output is not rounded (vLLM's zaya_high_prec: out_dtype float32).
  * vLLM = bf16 + FP32_RESIDUAL + FP32_NORM (+ FP32_LOGITS with zaya_high_prec). */
 enum { ZAYA_BF16_FP32_RESIDUAL = 1, ZAYA_BF16_FP32_NORM = 2, ZAYA_BF16_FP32_LOGITS = 4 };
+/* ggml's CPU arithmetic (fp32 only; "fp32+ggml", ggml_round.h): before each product with a matrix exported
+ * from a GGUF (ZayaMatrix.ggml_type), the input rounded as ggml's CPU backend quantizes it for that weight
+ * type (its vec_dot_type: Q8_K, Q8_0, Q8_1, F16, BF16), as llama.cpp computes a quantized GGUF.
+ * ZAYA_GGML: x86's Q8_0 quantizer (AVX/AVX2 builds); ZAYA_GGML_REF ("fp32+ggml-ref"): ggml's reference one. */
+enum { ZAYA_GGML = 8, ZAYA_GGML_REF = 16 };
+/* ZAYA_GGML_CONV ("+ggml-conv", fp32 only, alone or with +ggml): the grouped CCA convolution as llama.cpp's
+ * ZAYA port computes it: its kernel cast to F16 (zaya.cpp) and ggml_conv_1d's im2col in F16, i.e. kernel and
+ * depthwise output rounded to F16, products summed in float32. Apart from +ggml: the port's choice, not
+ * ggml's arithmetic of a quantized weight (tools/bisect_llama.sh names it as the port's difference). */
+enum { ZAYA_GGML_CONV = 32 };
+/* ZAYA_GGML_GELU ("+ggml-gelu"): the router's GELU as the port calls it, ggml_gelu (the tanh approximation
+ * read from an F16 table, ggml_round.h) where the official code has the exact (erf) GELU: the port's choice. */
+enum { ZAYA_GGML_GELU = 64 };
+/* ZAYA_GGML_KV ("+ggml-kv-f16"): llama.cpp's F16 KV cache without flash attention (--kv f16 / -ctk f16 -ctv
+ * f16): keys, values, the query and the attention probabilities in F16 in the two products. */
+enum { ZAYA_GGML_KV = 128 };
 
 /* "fp32", "bf16", "bf16-torch1.13", each bf16 one optionally followed by placements:
- * "bf16+fp32-residual+fp32-norm+fp32-logits". Returns 0, or -1 with a message in err. */
+ * "bf16+fp32-residual+fp32-norm+fp32-logits"; "fp32+ggml" or "fp32+ggml-ref". Returns 0, or -1 with a
+ * message in err. */
 int zaya_parse_precision(const char *text, int *precision, int *placement, char *err, size_t errlen);
 /* The same text for a precision and placement, in buf. */
 const char *zaya_precision_name(int precision, int placement, char *buf, size_t len);

@@ -108,7 +108,7 @@ int main(int argc, char **argv) {
     }
     for (size_t g = 0; scales && g < n / 64; g++) scales[g] = 1.0f / 127.0f;
     for (size_t i = 0; i < (size_t)tokens * (size_t)cols; i++) x[i] = random_unit();
-    const ZayaMatrix m = {dtype, (int)rows, (int)cols, dtype == ZAYA_Q8 ? 64 : 0, w, scales, 0, NULL, 0};
+    const ZayaMatrix m = {dtype, (int)rows, (int)cols, dtype == ZAYA_Q8 ? 64 : 0, w, scales, 0, NULL, 0, 0};
 
     matmul(k, y, (int)rows, &m, x, (int)cols, (int)tokens);   /* pages in, caches warm */
     volatile uint64_t sink = read_sum(w, bytes);

@@ -93,7 +93,7 @@ def mutant(name, edits):
         src = src.replace(old, new)
     with open(os.path.join(out, "zaya.c"), "w") as f:
         f.write(src)
-    sources = [os.path.join(out, f) for f in sorted(os.listdir(out)) if f.endswith(".c") and f not in ("quantize.c",)]
+    sources = [os.path.join(out, f) for f in sorted(os.listdir(out)) if f.endswith(".c") and f not in ("quantize.c", "dequantize.c")]
     rc, _, err = run(["cc", "-O2", "-std=c11", f"-DZAYA_COMMIT=\"{name}\"", "-o", os.path.join(out, "zaya"), *sources,
                       "-pthread", "-lm"])
     return os.path.join(out, "zaya") if check(rc == 0, f"mutant {name}: builds", err[-300:]) else None

@@ -57,6 +57,8 @@ TESTS = [
     ("arm", [sys.executable, "test/test_arm.py"]),
     ("vision", [sys.executable, "test/test_vision.py"]),
     ("vl", [sys.executable, "test/test_vl.py"]),
+    ("ggml_round", ["build/test_ggml_round", "test/test_ggml_round.c"]),
+    ("ggml_capture", [sys.executable, "test/test_ggml_capture.py"]),
 ]
 
 # started first when tests run in parallel (each takes minutes here)

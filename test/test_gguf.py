@@ -44,6 +44,23 @@ for t in TYPES:
               f"{struct.unpack('<f', want[diff[0]:diff[0] + 4])[0]!r}" if diff else f", {len(got)} vs {len(want)} bytes"))
     g.close()
 
+# the compiled helper (dequantize.c, what export_weights.py uses) against ggml's values and its Python twin
+helper = ew.build_dequantizer(print)
+check(helper is not None, "dequantize.c builds (export_weights.py's compiled GGUF dequantizer)", "no helper")
+for t in TYPES if helper else []:
+    g = gguf.GGUFFile(fixture(f"{t}.gguf"))
+    py = g.dequantize("t").tobytes()
+    g.use_helper(helper)
+    c_all, c_row = g.dequantize("t").tobytes(), g.dequantize("t", 2, 3).tobytes()   # a whole tensor and a row range
+    g.close()
+    with open(fixture(f"{t}.f32"), "rb") as f:
+        want = f.read()
+    diff = [i for i in range(0, min(len(c_all), len(want)), 4) if c_all[i:i + 4] != want[i:i + 4]]
+    check(c_all == want and c_all == py and c_row == want[2 * 1024:5 * 1024],
+          f"dequantize.c {t}: bit-identical to ggml's to_float and to gguf.py's Python ({len(want) // 4} values)",
+          f"{len(diff)} values differ from ggml's" + (f", first at {diff[0] // 4}" if diff else "")
+          + f"; equal to Python's: {c_all == py}; rows 2..4: {c_row == want[2048:5120]}")
+
 g = gguf.GGUFFile(fixture("Q4_K.gguf"))
 want_kv = {"general.architecture": "fixture", "fixture.u8": 200, "fixture.i8": -100, "fixture.u16": 60000,
            "fixture.i16": -30000, "fixture.u32": 4000000000, "fixture.i32": -2000000000,
@@ -132,7 +149,7 @@ def blob_tensors(path):
     out = {}
     for i in range(n):
         e = 1024 + 192 * i
-        name = data[e:e + 128].rstrip(b"\0").decode()
+        name = data[e:e + 128].split(b"\0")[0].decode()      # a GGUF's blob keeps the ggml type in the tail
         off, nbytes = struct.unpack_from("<QQ", data, e + 128 + 8 + 32)
         out[name] = data[off:off + nbytes]
     return out
@@ -186,6 +203,13 @@ for kind in ("F32", "Q8_0"):
                   f"compact Q8_0: {native} is {gname} ({g.tensors[gname].type}) as ggml dequantizes it",
                   "bytes differ" if native in bt else "not in the blob")
         g.close()
+        py_blob = os.path.join(OUT, "compact-Q8_0-python.bin")
+        rc, out, err = run([sys.executable, "export_weights.py", path, py_blob, "--tokenizer",
+                            need_fixtures("checkpoint_legacy")], env={**os.environ, "ZAYA_GGUF_PYTHON": "1"})
+        with open(blob, "rb") as f1, open(py_blob, "rb") as f2:
+            same = rc == 0 and f1.read() == f2.read()
+        check(same, "compact Q8_0: the blob of the Python dequantizer (ZAYA_GGUF_PYTHON=1) is the C helper's, "
+              "byte for byte", f"rc {rc}: {err[-300:]}")
 
 # the GGUF alone (a tokenizer folder without config.json): what the port computes, every layer full attention
 path = os.path.join(OUT, "compact-F32.gguf")

@@ -76,7 +76,7 @@ static void matmul_case(int dtype, int rows, int cols, int group) {
         }
         data = q;
     }
-    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_Q8 ? group : 0, data, scales, 0, NULL, 0};
+    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_Q8 ? group : 0, data, scales, 0, NULL, 0, 0};
     const char *names[] = {"fp32", "bf16", "int8"};
     char label[128], what[160];
     snprintf(label, sizeof label, "matmul %s [%d x %d]%s%.0d", names[dtype], rows, cols, dtype == ZAYA_Q8 ? " group " : "",
@@ -176,7 +176,7 @@ static void quant_values_case(void) {
     char what[200] = "FP8 E4M3FN bytes x scales rounded to the scale dtype";
     for (size_t k = 0; k < sizeof fp8 / sizeof fp8[0]; k++) {
         float scale = fp8[k].scale, got;
-        ZayaMatrix m = {ZAYA_FP8, 1, 1, 0, &fp8[k].q, &scale, 0, NULL, fp8[k].sd};
+        ZayaMatrix m = {ZAYA_FP8, 1, 1, 0, &fp8[k].q, &scale, 0, NULL, fp8[k].sd, 0};
         matrix_row(&m, 0, &got);
         if (memcmp(&got, &fp8[k].want, 4) != 0 && ok) {
             snprintf(what, sizeof what, "byte 0x%02x x %a (scale dtype %d): expected %a, found %a", fp8[k].q, (double)scale,
@@ -189,7 +189,7 @@ static void quant_values_case(void) {
     uint8_t packed[32], ex[2] = {127, 0};
     for (int i = 0; i < 32; i++) packed[i] = (uint8_t)(((2 * i + 1) % 16) << 4 | (2 * i) % 16);
     const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
-    ZayaMatrix m = {ZAYA_MXFP4, 1, 64, 32, packed, NULL, 0, ex, 0};
+    ZayaMatrix m = {ZAYA_MXFP4, 1, 64, 32, packed, NULL, 0, ex, 0, 0};
     float got[64];
     matrix_row(&m, 0, got);
     ok = 1;
@@ -223,7 +223,7 @@ static void quant_matmul_case(int dtype, int sd, float big, int rows, int cols, 
         for (size_t g = 0; g < n / 32; g++) ex[g] = (uint8_t)(118 + rbyte() % 6);   /* 2^-9 .. 2^-4 */
         if (n / 32 > 3) ex[0] = 0, ex[1] = 1, ex[2] = 254 - 128;                   /* subnormal scales too */
     }
-    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_MXFP4 ? 32 : 0, q, scales, 0, ex, dtype == ZAYA_FP8 ? sd : 0};
+    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_MXFP4 ? 32 : 0, q, scales, 0, ex, dtype == ZAYA_FP8 ? sd : 0, 0};
     float *x = malloc(sizeof(float) * TOKENS * cols), *deq = malloc(sizeof(float) * n);
     float *y = malloc(sizeof(float) * TOKENS * rows), *y2 = malloc(sizeof(float) * TOKENS * rows), *yr = malloc(sizeof(float) * rows);
     for (int i = 0; i < TOKENS * cols; i++) x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
@@ -248,7 +248,7 @@ static void quant_matmul_case(int dtype, int sd, float big, int rows, int cols, 
     check(same, "the same bits for 1-3 threads and 1 or 9 tokens a call", label);
 
     /* the dequantized matrix as float32 (and as bf16 where every value is one): the same bits */
-    ZayaMatrix mf = {ZAYA_F32, rows, cols, 0, deq, NULL, 0, NULL, 0};
+    ZayaMatrix mf = {ZAYA_F32, rows, cols, 0, deq, NULL, 0, NULL, 0, 0};
     matmul(pools[2], y2, rows, &mf, x, cols, TOKENS);
     same = !memcmp(y, y2, sizeof(float) * TOKENS * rows);
     int all_bf16 = 1;
@@ -260,7 +260,7 @@ static void quant_matmul_case(int dtype, int sd, float big, int rows, int cols, 
         b[i] = (uint16_t)(u >> 16);
     }
     if (all_bf16) {
-        ZayaMatrix mb = {ZAYA_BF16, rows, cols, 0, b, NULL, 0, NULL, 0};
+        ZayaMatrix mb = {ZAYA_BF16, rows, cols, 0, b, NULL, 0, NULL, 0, 0};
         matmul(pools[3], y2, rows, &mb, x, cols, TOKENS);
         same = same && !memcmp(y, y2, sizeof(float) * TOKENS * rows);
     }
@@ -302,7 +302,7 @@ static void grouped_case(int dtype, int groups, int group_rows, int cols) {
         }
         data = q;
     }
-    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_Q8 ? G : 0, data, scales, 0, NULL, 0};
+    ZayaMatrix m = {dtype, rows, cols, dtype == ZAYA_Q8 ? G : 0, data, scales, 0, NULL, 0, 0};
     char label[128], what[160];
     snprintf(label, sizeof label, "matmul_grouped %s [%d groups of %d x %d]", dtype == ZAYA_Q8 ? "int8" : "fp32", groups, group_rows, cols);
     matmul_grouped_ref(yr, rows, &m, groups, x, in, TOKENS);
@@ -353,7 +353,7 @@ static void matmuls_case(int dtype, int cols, int mixed) {
             for (size_t j = 0; j < n; j++) f[j] = frand() * 0.05f;
             data = f;
         }
-        m[i] = (ZayaMatrix){dt, rows[i], cols, dt == ZAYA_Q8 ? G : 0, data, scales, 0, NULL, 0};
+        m[i] = (ZayaMatrix){dt, rows[i], cols, dt == ZAYA_Q8 ? G : 0, data, scales, 0, NULL, 0, 0};
         y[i] = malloc((size_t)TOKENS * rows[i] * sizeof(float));
         y2[i] = malloc((size_t)TOKENS * rows[i] * sizeof(float));
         out2[i] = (MatmulOut){&m[i], y2[i], rows[i]};

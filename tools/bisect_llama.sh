@@ -3,7 +3,7 @@
 #
 #   LLAMA=LLAMA_CPP_CHECKOUT tools/bisect_llama.sh MODEL.gguf (--ids 2,818,... | --prompt TEXT) [--out DIR]
 #       [--blob PORT_WEIGHTS.bin] [--config CKPT_DIR] [--keep-skip] [--kv f32|f16] [--fa off|on] [--threads N]
-#       [--map MAP.json] [--commit SHA]
+#       [--map MAP.json] [--commit SHA] [--placement auto|ggml|none]
 #
 # 1. capture: tools/llama_capture.cpp (built once against $LLAMA: include/, ggml/include/, and the shared
 #    libraries in $LLAMA_LIB, default $LLAMA/build/bin) runs the GGUF on the ids and writes the graph tensors
@@ -24,12 +24,19 @@
 #    Exit status that of compare.py (0 agree, 1 a local error, 2 an input error).
 # Defaults: f32 KV cache and no flash attention, so that what differs is the port's graph rather than
 # llama.cpp's run-time options (--kv f16 / --fa on to see those).
+# Placement: a GGUF whose matrices are quantized (or F16 / BF16) is replayed, and run end to end, with
+# --precision fp32+ggml (ggml_round.h: each product's input rounded as ggml's CPU backend quantizes it for
+# the weight's type, Q8_K / Q8_0 / Q8_1 / F16 / BF16), so that ggml's own arithmetic is not reported as
+# the port's error; --placement none replays in plain float32, ggml forces it. With --kv f16 (and no flash
+# attention) the F16 KV cache too (+ggml-kv-f16). Not used: +ggml-conv and +ggml-gelu, the port's own choices
+# (its F16 grouped conv and tanh GELU), which the bisect is there to name.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "bisect_llama: $1" >&2; [ -n "${2:-}" ] && echo "  hint: $2" >&2; exit 2; }
 [ $# -ge 1 ] || die "usage: LLAMA=DIR tools/bisect_llama.sh MODEL.gguf (--ids IDS | --prompt TEXT) [--out DIR] [--blob BIN] [--config DIR] [--keep-skip] [--kv f32|f16] [--fa off|on] [--threads N] [--map MAP] [--commit SHA]"
 GGUF="$1"; shift
 IDS=""; PROMPT=""; OUT=""; BLOB=""; CONFIG=""; KEEP_SKIP=0; KV=f32; FA=off; THREADS=2; MAP="$HERE/maps/llama.cpp-zaya1.json"; COMMIT=""
+PLACEMENT=auto
 while [ $# -gt 0 ]; do
     case "$1" in
         --ids) IDS="$2"; shift 2 ;;
@@ -43,6 +50,7 @@ while [ $# -gt 0 ]; do
         --threads) THREADS="$2"; shift 2 ;;
         --map) MAP="$2"; shift 2 ;;
         --commit) COMMIT="$2"; shift 2 ;;
+        --placement) PLACEMENT="$2"; shift 2 ;;
         *) die "unknown argument $1" ;;
     esac
 done
@@ -82,6 +90,27 @@ if [ -z "$BLOB" ]; then
         "theta): a port that leaves out the checkpoint's sliding windows or the sliding layers' RoPE agrees here; --config" \
         "CKPT_DIR (the checkpoint it was converted from) judges it against the checkpoint's"
 fi
+# the ggml placement: the GGUF's matrix types (2-D and 3-D tensors; the grouped conv is not a product here)
+case "$PLACEMENT" in auto|ggml|none) ;; *) die "--placement $PLACEMENT: expected auto, ggml or none" ;; esac
+PREC_GGML=""
+if [ "$PLACEMENT" != none ]; then
+    QTYPES="$(cd "$HERE" && "$PY" -c "import sys, gguf
+g = gguf.GGUFFile(sys.argv[1])
+print(' '.join(sorted({t.type for n, t in g.tensors.items() if len(t.ne) >= 2 and t.type != 'F32'
+                       and 'cca_conv_grp' not in n and 'ssm_conv1d' not in n})))" "$GGUF")" || die "cannot read $GGUF"
+    if [ -n "$QTYPES" ] || [ "$PLACEMENT" = ggml ]; then
+        PREC_GGML="fp32+ggml"
+        echo "placement: the GGUF's matrices are ${QTYPES:-F32}: zaya.c computes as ggml's CPU backend does" \
+             "(--precision fp32+ggml: each product's input quantized per its weight's vec_dot_type; --placement none to" \
+             "replay in plain float32)"
+    else
+        echo "placement: the GGUF's matrices are F32: plain float32 replay (ggml rounds no product's input)"
+    fi
+    if [ "$KV" = f16 ] && [ "$FA" = off ]; then
+        PREC_GGML="${PREC_GGML:-fp32}+ggml-kv-f16"
+        echo "placement: --kv f16 without flash attention: keys, values, query and probabilities in F16 (+ggml-kv-f16)"
+    fi
+fi
 if [ "$KEEP_SKIP" = 0 ]; then
     echo "+ python3 tools/forbid_skip.py $BLOB $OUT/port-weights-noskip.bin   (the port never picks the skip class)"
     python3 "$HERE/tools/forbid_skip.py" "$BLOB" "$OUT/port-weights-noskip.bin" > "$OUT/forbid_skip.log" || die "forbid_skip.py failed"
@@ -113,11 +142,12 @@ echo "+ python3 -m zaya_compare.portmap $MAP $OUT/raw $OUT/port"
 (cd "$HERE" && "$PY" -m zaya_compare.portmap "$MAP" "$OUT/raw" "$OUT/port" --verbose)
 echo "+ ./zaya $BLOB --ids ... --dump $OUT/zaya"
 rm -rf "$OUT/zaya"
-"$HERE/zaya" "$BLOB" --ids "$IDS" -n 0 --dump "$OUT/zaya" > "$OUT/zaya.log" 2>&1 || { tail -3 "$OUT/zaya.log" >&2; die "./zaya failed"; }
+"$HERE/zaya" "$BLOB" --ids "$IDS" -n 0 ${PREC_GGML:+--precision $PREC_GGML} --dump "$OUT/zaya" > "$OUT/zaya.log" 2>&1 || { tail -3 "$OUT/zaya.log" >&2; die "./zaya failed"; }
 PREC=""; [ "$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('precision','fp32'))" "$MAP")" = bf16 ] && PREC="--bf16"
-echo "+ python3 compare.py --local $OUT/port --model $BLOB --reference $OUT/zaya --verbose $PREC"
+echo "+ python3 compare.py --local $OUT/port --model $BLOB --reference $OUT/zaya --verbose $PREC${PREC_GGML:+ --precision $PREC_GGML}"
 set +e
-"$PY" "$HERE/compare.py" --local "$OUT/port" --model "$BLOB" --replay-out "$OUT/replay" --reference "$OUT/zaya" --verbose $PREC | tee "$OUT/local.txt"
+"$PY" "$HERE/compare.py" --local "$OUT/port" --model "$BLOB" --replay-out "$OUT/replay" --reference "$OUT/zaya" --verbose $PREC \
+    ${PREC_GGML:+--precision $PREC_GGML} | tee "$OUT/local.txt"
 rc=${PIPESTATUS[0]}
 set -e
 (cd "$HERE" && "$PY" -m zaya_compare.portmap --steps "$OUT/local.txt") | tee -a "$OUT/local.txt"

@@ -85,7 +85,7 @@ def open_dumps(args):
     """(port, replay, envelope or None, reference or None); runs the replays first with --model."""
     if args.model:
         out = args.replay_out or os.path.join(args.test_dir.rstrip("/") + "_replay")
-        run_replay(args.model, args.test_dir, out + "_fp32", None)
+        run_replay(args.model, args.test_dir, out + "_fp32", getattr(args, "precision", None))
         args.ref_dir = out + "_fp32"
         if args.bf16:
             run_replay(args.model, args.test_dir, out + "_bf16", "bf16")
