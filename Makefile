@@ -67,9 +67,9 @@ build/test_bf16_steps: test/test_bf16_steps.c $(LIB) $(HDR)
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_bf16_steps.c $(filter-out zaya.c,$(LIB)) $(LIBS)
 
 # test/test_vision.c: vision.c's tower on raw float32 inputs, every tap written out (test/test_vision.py)
-build/test_vision: test/test_vision.c vision.c vision.h kernels.c kernels.h tensor.h zmath.c zmath.h
+build/test_vision: test/test_vision.c vision.c vision.h kernels.c kernels.h ggml_round.c ggml_round.h tensor.h zmath.c zmath.h
 	mkdir -p build
-	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_vision.c vision.c kernels.c zmath.c $(LIBS)
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_vision.c vision.c kernels.c ggml_round.c zmath.c $(LIBS)
 
 # test/test_image.c: image.c's PNG/PPM decoding and the processor's preprocessing on one file (test/test_vl.py)
 build/test_image: test/test_image.c image.c image.h vision.h tensor.h
