@@ -64,16 +64,9 @@ def main():
         elif kind == "no_rbias":
             with torch.no_grad():
                 L.post_attention_residual_scale.residual_bias.zero_()
-        def residuals(q_rows, k_rows, nq, nkv, d, dtype=dtype):   # the residual mix as the model computes it
-            S, g = len(q_rows), nq // nkv
-            q = torch.tensor(q_rows, dtype=dtype).view(S, nq, d)
-            k = torch.tensor(k_rows, dtype=dtype).view(S, nkv, d).repeat_interleave(g, dim=1)
-            qres = (q + k) * 0.5
-            return qres.float().tolist(), qres.view(S, nkv, g, d).mean(dim=-2).float().tolist()
-        golden_hf.residuals = residuals
         rec = golden_hf.Recorder()
         golden_hf.install_hooks(model, rec, cfg.num_hidden_layers, cfg.num_experts, cfg.num_attention_heads,
-                                cfg.num_key_value_heads, cfg.head_dim)
+                                cfg.num_key_value_heads, cfg.head_dim, mix=golden_hf.residuals_in(torch, dtype))
         golden_hf.wrap_rope(modeling_zaya, rec)
         with torch.no_grad():
             rec.tokens_in_call = len(ids)

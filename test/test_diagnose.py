@@ -10,8 +10,10 @@ layer (tools/golden_variant.py), judged against the checkpoint's own blob:
   fp32: the grouped conv rounding its kernel and input to F16 (llama.cpp's port), the router's GELUs as tanh,
         the sliding layers with the full layers' RoPE base, post_attention_residual_scale without residual_bias:
         --local must name that step in layer 0 and say the weights are the checkpoint's;
-  bf16: the RoPE base and the residual bias, with --bf16 (the tiers): layer 0, that step; without --bf16 the
-        verdict says the port computes in bf16, not that its weights differ;
+  bf16: the RoPE base, the residual bias and the router's tanh GELU (all 38 positions: its one element past
+        the bound is at position 36), with --bf16 (the step check): layer 0, that step; without --bf16 the
+        verdict says the port computes in bf16, not that its weights differ; the official bf16 code unchanged
+        (none-bf16) agrees in every layer;
   llama-q8_0: llama.cpp's port on the converter's Q8_0 GGUF (bisect_llama.sh's mapped dump), judged on the
         GGUF's own weights: every product departs, but the weights are the port's: layer 0, q_proj;
   q8_0: the official code unchanged on the checkpoint's attention and expert matrices as ggml's Q8_0
@@ -36,7 +38,8 @@ check(rc == 0, "export the checkpoint's blob", err[-300:])
 
 CODE = [("conv_f16-fp32", "self_attn.qkv_proj.conv_qk_grouped"), ("router_gelu_tanh-fp32", "mlp.gate.router_mlp.fc2"),
         ("rope_sliding-fp32", "self_attn:query_after_rope"), ("no_residual_bias-fp32", "post_attention_residual_scale"),
-        ("rope_sliding-bf16", "self_attn:query_after_rope"), ("no_residual_bias-bf16", "post_attention_residual_scale")]
+        ("rope_sliding-bf16", "self_attn:query_after_rope"), ("no_residual_bias-bf16", "post_attention_residual_scale"),
+        ("router_gelu_tanh-bf16", "mlp.gate.router_mlp.act_fn:fc1")]
 
 
 def local(dump, *extra):
@@ -63,6 +66,10 @@ for dump, step in CODE:
     check(ok, f"{dump}: --local names layer 0, {step}" + ("" if bf16 else
           " (the products before it agree: the weights are the checkpoint's; the same step in every layer)"),
           verdict(text)[-900:])
+
+rc, text = local("none-bf16", "--bf16")
+check(rc == 0 and "every layer agrees locally" in text and "LOCAL ERROR" not in text,
+      "none-bf16 (the official bf16 code unchanged): every layer agrees locally", verdict(text)[-900:] or text[-900:])
 
 rc, text = local("rope_sliding-bf16")
 check(rc == 1 and "THE PORT COMPUTES IN BF16" in text and "--bf16" in text and "WEIGHTS DIFFER" not in text,

@@ -132,8 +132,22 @@ def residuals(q_rows, k_rows, nq, nkv, d):
     return qres, kres
 
 
-def install_hooks(model, rec, n_layers, n_experts, nq, nkv, d):
-    """Registers the hooks on a ZayaForCausalLM (or a stub with the same module paths)."""
+def residuals_in(torch, dtype):
+    """residuals() as a model loaded in `dtype` computes them (modeling_zaya's ZayaCCAProjection: q + k in that
+    dtype, then * 0.5, the mean per KV head in torch): for a bf16 model, the float32 arithmetic of residuals()
+    is not what the model computes, and a port's step check would judge it as the port's."""
+    def mix(q_rows, k_rows, nq, nkv, d):
+        S, g = len(q_rows), nq // nkv
+        q = torch.tensor(q_rows, dtype=dtype).view(S, nq, d)
+        k = torch.tensor(k_rows, dtype=dtype).view(S, nkv, d).repeat_interleave(g, dim=1)
+        qres = (q + k) * 0.5
+        return qres.float().tolist(), qres.view(S, nkv, g, d).mean(dim=-2).float().tolist()
+    return mix
+
+
+def install_hooks(model, rec, n_layers, n_experts, nq, nkv, d, mix=residuals):
+    """Registers the hooks on a ZayaForCausalLM (or a stub with the same module paths). mix computes the
+    residual mix's taps from the q_proj / k_proj outputs (residuals, or residuals_in for a bf16 model)."""
     mods = dict(model.named_modules())
     handles = []
 
@@ -181,7 +195,7 @@ def install_hooks(model, rec, n_layers, n_experts, nq, nkv, d):
 
         def qkv_out(module, inputs, output, P=P, Q=Q):
             query, key, value = (drop_batch(o) for o in output)
-            qres, kres = residuals(rec.rows[f"{Q}.q_proj"][-len(query):], rec.rows[f"{Q}.k_proj"][-len(query):],
+            qres, kres = mix(rec.rows[f"{Q}.q_proj"][-len(query):], rec.rows[f"{Q}.k_proj"][-len(query):],
                                    nq, nkv, d)
             how = "(q_proj[n] + k_proj[n // g]) / 2 from the q_proj/k_proj outputs"
             rec.add(f"{Q}:query_residual", qres, how=how)
@@ -319,8 +333,10 @@ def main(argv=None):
     model.eval()
     cfg = model.config
     rec = Recorder()
+    dtype = next(model.parameters()).dtype   # float32 here; another when a caller loads it otherwise (golden_variant)
     install_hooks(model, rec, cfg.num_hidden_layers, cfg.num_experts, cfg.num_attention_heads,
-                  cfg.num_key_value_heads, cfg.head_dim)
+                  cfg.num_key_value_heads, cfg.head_dim,
+                  mix=residuals if dtype == torch.float32 else residuals_in(torch, dtype))
     wrap_rope(modeling_zaya, rec)
     logits, cache = [], None
     with torch.no_grad():
