@@ -17,7 +17,6 @@ is exported (blob format version 3); for both images:
 """
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 

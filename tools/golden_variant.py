@@ -23,7 +23,6 @@ Needs torch and a transformers with models/zaya (never the tests).
 import argparse
 import json
 import os
-import shutil
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))

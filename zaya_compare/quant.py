@@ -176,7 +176,7 @@ def quant_main(args):
                  gguf=src if src.lower().endswith(".gguf") else None)
     if d.verdict == "weights":
         print(f"\nVERDICT: the port's weights are not those of {args.model}:\n  " + "\n  ".join(d.weight_lines())
-              + f"\n  hint: --model must hold exactly the weights the port computes with (export_weights.py MODEL.gguf "
+              + "\n  hint: --model must hold exactly the weights the port computes with (export_weights.py MODEL.gguf "
               f"OUT.bin for a GGUF, --weights PORT.safetensors for a dequantized dump of them)")
         return 1
     if first:
