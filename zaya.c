@@ -117,7 +117,8 @@ static void tap_scalars(const Batch *b, const char *name, const void *x, int is_
  * 2. The steps (arch §3). Each runs all n tokens of the batch and reports its outputs.
  * ------------------------------------------------------------------------------------------- */
 
-static float gelu(float x) { return x * 0.5f * (1.0f + zaya_erff(x * 0.70710678118654752440f)); }   /* exact (erf) GELU */
+/* exact (erf) GELU */
+static float gelu(float x) { return x * 0.5f * (1.0f + zaya_erff(x * 0.70710678118654752440f)); }
 static float silu(float x) { return x / (1.0f + zaya_expf(-x)); }
 
 /* SiLU as the official run computes it: float32 inside, rounded once to bf16; torch 1.13 rounded
@@ -153,7 +154,8 @@ static void embed(const Batch *b, const ZayaModel *m, const int *tokens, const f
         }
     for (int t = 0; t < b->n; t++)
         for (int i = 0; i < H; i++) {
-            const float sum = held_unless(b, ZAYA_BF16_FP32_RESIDUAL, e[(size_t)t * H + i] + m->input_hidden_states_bias[i]);
+            const float sum = held_unless(b, ZAYA_BF16_FP32_RESIDUAL,
+                                          e[(size_t)t * H + i] + m->input_hidden_states_bias[i]);
             r[(size_t)t * H + i] = held_unless(b, ZAYA_BF16_FP32_RESIDUAL, sum * m->input_hidden_states_scale[i]);
         }
     tap(b, "model:input_scaled", r, H, H, 0);
@@ -171,7 +173,8 @@ static void rmsnorm_placed(const Batch *b, int moved, const char *name, float *o
         float *o = out + (size_t)t * dim, ss = 0.0f;
         for (int i = 0; i < dim; i++) ss += held_unless(b, moved, xt[i]) * held_unless(b, moved, xt[i]);
         const float inv_rms = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int i = 0; i < dim; i++) o[i] = held(b, w[i] * held_unless(b, moved, held_unless(b, moved, xt[i]) * inv_rms));
+        for (int i = 0; i < dim; i++)
+            o[i] = held(b, w[i] * held_unless(b, moved, held_unless(b, moved, xt[i]) * inv_rms));
     }
     tap(b, name, out, dim, dim, 0);
 }
@@ -182,7 +185,8 @@ static void rmsnorm(const Batch *b, const char *name, float *out, const float *x
 }
 
 /* The norms of the float32 residual stream (input, post-attention, final). */
-static void residual_norm(const Batch *b, const char *name, float *out, const float *r, const float *w, int dim, float eps) {
+static void residual_norm(const Batch *b, const char *name, float *out, const float *r, const float *w, int dim,
+                          float eps) {
     rmsnorm_placed(b, ZAYA_BF16_FP32_NORM, name, out, r, w, dim, eps);
 }
 
@@ -583,8 +587,8 @@ static void experts(const Batch *b, const ZayaLayer *L, int skip_mode, const flo
 #define LOGIT_ROWS 8
 
 /* §3.18 HF ZayaForCausalLM.lm_head, tied to embed_tokens: logits = embed_tokens f (+ lm_head bias);
- * bf16: rounded once (not with ZAYA_BF16_FP32_LOGITS). The last token's logits end in logits[0, V); with a tap, every token's are
- * computed and reported. f [n, H] -> [V] */
+ * bf16: rounded once (not with ZAYA_BF16_FP32_LOGITS). The last token's logits end in logits[0, V); with a tap,
+ * every token's are computed and reported. f [n, H] -> [V] */
 static void lm_head(const Batch *b, const ZayaModel *m, const float *f, float *logits) {
     const int V = b->c->vocab_size, H = b->c->hidden_size;
     for (int first = b->tap ? 0 : b->n - 1, rows = 0; first < b->n; first += rows) {
@@ -795,8 +799,9 @@ void zaya_state_free(ZayaState *s) {
 
 int zaya_state_threads(const ZayaState *s) { return kernels_threads(s->kernels); }
 
+/* bit k: 1 << k */
 static const char *const placement_names[] = {"fp32-residual", "fp32-norm", "fp32-logits", "ggml",
-                                              "ggml-ref", "ggml-conv", "ggml-gelu", "ggml-kv-f16"};   /* bit k: 1 << k */
+                                              "ggml-ref", "ggml-conv", "ggml-gelu", "ggml-kv-f16"};
 #define N_PLACEMENTS 8
 #define GGML_PLACEMENTS (ZAYA_GGML | ZAYA_GGML_REF | ZAYA_GGML_CONV | ZAYA_GGML_GELU | ZAYA_GGML_KV)
 
@@ -808,9 +813,11 @@ int zaya_parse_precision(const char *text, int *precision, int *placement, char 
     else if (base == 4 && !strncmp(text, "bf16", 4)) *precision = ZAYA_PRECISION_BF16;
     else if (base == 14 && !strncmp(text, "bf16-torch1.13", 14)) *precision = ZAYA_PRECISION_BF16_TORCH113;
     else
-        return zaya_fail(err, errlen, "bad precision \"%s\"\n  expected: fp32 (default), bf16 (the official code loaded in "
-                         "bfloat16), bf16-torch1.13 (the same with torch 1.13's rounding, as the fixtures were made), a bf16 "
-                         "one followed by placements: bf16+fp32-residual+fp32-norm (vLLM), +fp32-logits (docs/bf16.md)", text);
+        return zaya_fail(err, errlen, "bad precision \"%s\"\n  expected: fp32 (default), bf16 (the official code "
+                         "loaded in bfloat16), bf16-torch1.13 (the same with torch 1.13's rounding, as the fixtures "
+                         "were made), a bf16 one followed by placements: bf16+fp32-residual+fp32-norm (vLLM), "
+                         "+fp32-logits (docs/bf16.md), or fp32+ggml (+ggml-conv, +ggml-gelu, +ggml-kv-f16: ggml's CPU arithmetic, "
+                         "docs/compare.md 9)", text);
     for (const char *p = plus; p; p = strchr(p + 1, '+')) {
         const char *end = strchr(p + 1, '+');
         const size_t len = end ? (size_t)(end - p - 1) : strlen(p + 1);
@@ -831,16 +838,19 @@ int zaya_parse_precision(const char *text, int *precision, int *placement, char 
                          "  hint: fp32+ggml", text);
     if (*placement & GGML_PLACEMENTS) return 0;
     if (*placement && *precision == ZAYA_PRECISION_FP32)
-        return zaya_fail(err, errlen, "precision \"%s\": a placement moves bf16 rounding points to float32; fp32 has none\n"
+        return zaya_fail(err, errlen, "precision \"%s\": a placement moves bf16 rounding points to float32; fp32 "
+                         "has none\n"
                          "  hint: bf16+... or bf16-torch1.13+...", text);
     return 0;
 }
 
 const char *zaya_precision_name(int precision, int placement, char *buf, size_t len) {
-    const char *base = precision == ZAYA_PRECISION_BF16 ? "bf16" : precision == ZAYA_PRECISION_BF16_TORCH113 ? "bf16-torch1.13" : "fp32";
+    const char *base = precision == ZAYA_PRECISION_BF16 ? "bf16"
+                       : precision == ZAYA_PRECISION_BF16_TORCH113 ? "bf16-torch1.13" : "fp32";
     int at = snprintf(buf, len, "%s", base);
     for (int k = 0; k < N_PLACEMENTS; k++)
-        if (placement & 1 << k && at >= 0 && (size_t)at < len) at += snprintf(buf + at, len - (size_t)at, "+%s", placement_names[k]);
+        if (placement & 1 << k && at >= 0 && (size_t)at < len)
+            at += snprintf(buf + at, len - (size_t)at, "+%s", placement_names[k]);
     return buf;
 }
 
@@ -855,11 +865,13 @@ static int ggml_mode(const ZayaState *s) {
 /* bf16 emulates upstream's bf16 run only: the fork's (legacy layout, passthrough skip) rounds elsewhere. */
 static int check_precision(const ZayaModel *m, const ZayaState *s, char *err, size_t errlen) {
     if (s->placement & ~GGML_PLACEMENTS && s->precision == ZAYA_PRECISION_FP32)
-        return zaya_fail(err, errlen, "bf16 placement flags %d with the fp32 precision\n  hint: placements apply to bf16 runs",
+        return zaya_fail(err, errlen, "bf16 placement flags %d with the fp32 precision\n  hint: placements apply to "
+                         "bf16 runs",
                          s->placement);
     if (s->placement & GGML_PLACEMENTS && s->precision != ZAYA_PRECISION_FP32)
         return zaya_fail(err, errlen, "the ggml placement with a bf16 precision\n  hint: fp32+ggml");
-    if (s->precision == ZAYA_PRECISION_FP32 || (m->source_layout == 0 && s->skip_expert != ZAYA_SKIP_PASSTHROUGH)) return 0;
+    if (s->precision == ZAYA_PRECISION_FP32 || (m->source_layout == 0 && s->skip_expert != ZAYA_SKIP_PASSTHROUGH))
+        return 0;
     return zaya_fail(err, errlen, "--precision bf16 emulates upstream transformers' bf16 run; this run is Zyphra's "
                      "fork's (%s)\n  expected: a blob exported from the native layout, --skip-expert zero\n"
                      "  hint: the fork rounds differently in bf16 (docs/bf16.md); run it in fp32, or export the "
@@ -921,12 +933,14 @@ int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *
     const ZayaConfig *c = &m->config;
     const size_t H = (size_t)c->hidden_size, R = (size_t)c->router_hidden;
     if (layer < 0 || layer > c->num_layers)
-        return zaya_fail(err, errlen, "replay of layer %d: the model has layers 0..%d (%d = the final norm and LM head)",
+        return zaya_fail(err, errlen, "replay of layer %d: the model has layers 0..%d (%d = the final norm and LM "
+                         "head)",
                          layer, c->num_layers - 1, c->num_layers);
     if (check_precision(m, s, err, errlen) != 0) return -1;
     kernels_set_ggml(s->kernels, ggml_mode(s));
     if (n > s->ctx - s->pos)
-        return zaya_fail(err, errlen, "replay: %d positions do not fit the context of %d (%d used)\n  hint: raise --ctx",
+        return zaya_fail(err, errlen, "replay: %d positions do not fit the context of %d (%d used)\n  hint: raise "
+                         "--ctx",
                          n, s->ctx, s->pos);
     for (int done = 0, cnt; done < n; done += cnt) {
         cnt = n - done < ZAYA_BATCH ? n - done : ZAYA_BATCH;
