@@ -217,7 +217,7 @@ def quant_main(args):
     flips = routing_lines(port, exact, weights, args.near_tie)
     if flips:
         print("routing flips of the port against the exact model (end to end; the local verdict below judges each "
-              f"layer on the port's weights):\n" + "\n".join(flips))
+              "layer on the port's weights):\n" + "\n".join(flips))
     lw, lp = logits_summary(weights, exact), logits_summary(port, exact)
     if lw and lp:
         print(f"logits vs exact: weights alone top-1 {lw[0]}/{lw[1]}, KL {lw[2]:.3g}; port top-1 {lp[0]}/{lp[1]}, "
