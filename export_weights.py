@@ -1603,6 +1603,9 @@ def replace_with_port_weights(plan, where, paths, wformat, log):
                      n, port_name_hint(n, expected))
             if dt not in ST_DTYPE_SIZE:
                 fail("unsupported tensor dtype in the port's weights", where_n, "F32, F16 or BF16", dt,
+                     "packed integers (MLX 4-bit packs 8 values per U32): write the port's weights dequantized (the "
+                     "values the port computes with) as F32/F16/BF16 and give them with --weights (docs/compare.md §10)"
+                     if dt in ("U32", "I32", "U16", "I16", "U8", "I8") else
                      "write the port's weights dequantized (the values the port computes with)")
             want = expected[n][0]
             if tuple(shape) != tuple(want):

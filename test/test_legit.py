@@ -72,7 +72,7 @@ for prec in ("bf16-torch1.13+fp32-residual",):
           f"{prec}: tier 1 says where it departs from the official rounding, as a statement", text[-700:])
 
 # 2. the router's tanh GELU in one layer, bf16 rounding like the official code elsewhere
-gelu = "    for (size_t i = 0; i < n; i++) x[i] = held(b, gelu(x[i]));"
+gelu = "    for (size_t i = 0; i < n; i++) x[i] = held(b, b->placement & ZAYA_GGML_GELU ? ggml_gelu(x[i]) : gelu(x[i]));"
 tanh = ("    for (size_t i = 0; i < n; i++) x[i] = held(b, b->layer == 3 ? 0.5f * x[i] * (1.0f + tanhf(0.7978845608f * "
         "(x[i] + 0.044715f * x[i] * x[i] * x[i]))) : gelu(x[i]));")
 z = mutant("legit_router_gelu_tanh", [(gelu, tanh)])
@@ -80,7 +80,8 @@ port = dump(bf16, "port_gelu_tanh", "--precision", "bf16-torch1.13", zaya=z or "
 rc, text = compare("--local", port, "--model", bf16, "--bf16", "--replay-out", port + "_r", "--json",
                    os.path.join(OUT, "gelu.json"))
 tap = "model.layers.3.mlp.gate.router_mlp.act_fn:fc1"
-check(rc == 1 and f"FIRST LOCAL ERROR: layer 3, {tap}\n" in text and f"first past the bound: {tap}" in text,
+check(rc == 1 and f"FIRST LOCAL ERROR: layer 3, {tap}\n" in text and f"first past the bound: {tap}" in text
+      and "largest row error at position " in text.split("FIRST LOCAL ERROR")[-1] and "(token id " in text.split("FIRST LOCAL ERROR")[-1],
       "the router's tanh GELU in layer 3 is located at its act_fn:fc1 tap by the step check", text[-700:])
 try:
     doc = json.load(open(os.path.join(OUT, "gelu.json")))
@@ -145,14 +146,27 @@ rc, out, err = run([sys.executable, "export_weights.py", os.path.join(FX, "check
                     "--weights", one])
 check(rc == 0 and "NOT replaced" in out + err and "mlp.experts.gate_up_proj (layers 0-5)" in out + err,
       "--weights that leaves matrices out lists them (NOT replaced, with their layers)", (out + err)[-600:])
-rc, text = compare("--quant", narrow, "--model", os.path.join(OUT, "one.bin"), "--exact", fp32, "--replay-out",
+other = dump(os.path.join(OUT, "one.bin"), "port_other", ids=",".join(IDS.split(",")[:8]))   # computes on one.bin
+ref = dump(fp32, "ref8", ids=",".join(IDS.split(",")[:8]))
+rc, text = compare("--quant", other, "--model", os.path.join(OUT, "one.bin"), "--exact", fp32, "--replay-out",
                    os.path.join(OUT, "q1"))
 check("keeps these matrices at the checkpoint's values" in text and "experts.gate_up_proj:0-5" in text
       and text.index("keeps these matrices") < text.index("VERDICT"),
       "--quant says which matrices the port's weights left at the checkpoint's values, before its verdict", text[-800:])
+flips = [ln for ln in text.splitlines() if ln.startswith("  layer ") and " -> " in ln]
+near_ok = lambda ln: "near-tie: margin" not in ln or float(ln.split("margin ")[1].split()[0]) < 0.02   # noqa: E731
+check(rc == 0 and flips and all("a flip the weights explain" in ln or "near-tie: margin" in ln for ln in flips)
+      and any("a flip the weights explain" in ln for ln in flips) and all(map(near_ok, flips)),
+      f"--quant: the port's {len(flips)} routing flips against the exact model are ones its weights explain "
+      f"(not near-ties)", "\n".join(flips[:6]) or text[-600:])
 int8 = export("int8", "--dtype", "int8")
-rc, text = compare("--quant", narrow, "--model", int8, "--exact", fp32, "--replay-out", os.path.join(OUT, "q2"))
+rc, text = compare("--quant", other, "--model", int8, "--exact", fp32, "--replay-out", os.path.join(OUT, "q2"))
 check("int8 groups" in text and "VERDICT" in text, "--quant with an int8 blob as the port's weights says so", text[-600:])
+flips = [ln for ln in text.splitlines() if ln.startswith("  layer ") and " -> " in ln]
+check(any("a flip to check: margin" in ln and "the largest margin change the weights alone cause" in ln for ln in flips)
+      and all(map(near_ok, flips)),
+      "--quant: flips the weights given (int8) do not explain are flips to check, with the rule's numbers",
+      "\n".join(flips[:6]) or text[-600:])
 stateless = os.path.join(OUT, "port_stateless")      # a port that dumps no EDA state (mlp.gate:router_state)
 shutil.copytree(narrow, stateless)
 index = json.load(open(os.path.join(stateless, "index.json")))
@@ -164,10 +178,9 @@ for f in os.listdir(stateless):
 rc, text = compare("--quant", stateless, "--model", fp32, "--exact", bf16, "--replay-out", os.path.join(OUT, "q3"))
 check("no mlp.gate:router_state" in text and "dump :router_state" in text and "VERDICT" in text,
       "--quant of a port without :router_state taps says its routers start from zaya.c's state", text[-600:])
-other = dump(os.path.join(OUT, "one.bin"), "port_other", ids=",".join(IDS.split(",")[:8]))
-ref = dump(fp32, "ref8", ids=",".join(IDS.split(",")[:8]))
 rc, text = compare(other, ref)
-check(rc == 1 and "RESULT: DIVERGED" in text and "--quant" in text and "--local" in text,
+check(rc == 1 and "RESULT: DIVERGED at model." in text and ", position " in text.split("RESULT: DIVERGED")[1].split("\n")[0]
+      and "(token id " in text.split("RESULT: DIVERGED")[1].split("\n")[0] and "--quant" in text and "--local" in text,
       "the plain comparison of a diverging port points to --local and --quant", text[-500:])
 
 # 6. the real port's recorded capture through every view
@@ -192,8 +205,24 @@ check(rc == 0 and any(ln.split()[:1] == ["mlp.gate.router_mlp.act_fn:fc1"] for l
       "real port, portmap --steps: the router's GELU named at its act_fn:fc1 tap", (out + err)[-600:])
 rc, text = compare("--quant", lport, "--model", noskip["fp32"], "--exact", fp32, "--replay-out", os.path.join(OUT, "lq"),
                    "--json", os.path.join(OUT, "lq.json"))
-check(rc == 1 and f"VERDICT: layer 0, {GRP} adds error" in text and "Traceback" not in text,
-      "real port, --quant: the same step, on the port's own weights", text[-400:])
+check(rc == 1 and f"VERDICT: layer 0, {GRP} adds error" in text and "Traceback" not in text
+      and "largest row error at position " in text.split("VERDICT")[-1] and "(token id " in text.split("VERDICT")[-1],
+      "real port, --quant: the same step, on the port's own weights, with the position where it departs most", text[-400:])
+# a map that declares the port's weights quantized: --local and --quant on the checkpoint's blob say at once
+qmap = json.load(open(os.path.join("maps", "llama.cpp-zaya1.json")))
+qmap["weights"] = {"type": "Q4_K_M", "note": "llama-quantize Q4_K_M"}
+json.dump(qmap, open(os.path.join(OUT, "q4.json"), "w"))
+qport = os.path.join(OUT, "llama_q4")
+rc, _, err = run([sys.executable, "-m", "zaya_compare.portmap", os.path.join(OUT, "q4.json"), CAP, qport])
+wf = json.load(open(os.path.join(qport, "index.json"))).get("weight_format", {}) if rc == 0 else {}
+check(wf.get("quantized") is True and wf.get("port_type") == "Q4_K_M", "a map's `weights` goes into the dump's index.json",
+      str(wf) + err[-300:])
+for view in (["--local", qport, "--model", noskip["fp32"]], ["--quant", qport, "--model", noskip["fp32"], "--exact", fp32]):
+    rc, text = compare(*view, "--replay-out", os.path.join(OUT, "lq4"))
+    check(rc == 2 and "declared quantized (Q4_K_M" in text and "export_weights.py MODEL.gguf" in text and "--weights" in text
+          and "FIRST LOCAL ERROR" not in text and "VERDICT" not in text and not os.path.exists(os.path.join(OUT, "lq4_fp32")),
+          f"{view[0]} of a port its map declares quantized, on the checkpoint's blob: needs the port's own weights, at once",
+          text[-500:])
 ref, env = dump(noskip["fp32"], "llama_ref", ids=cap_ids), dump(noskip["bf16"], "llama_env", "--precision", "bf16", ids=cap_ids)
 rc, text = compare(lport, ref, "--envelope", env)
 check(rc == 1 and "exceeds it first at model.layers.0.self_attn:query_after_rope" in text,

@@ -21,6 +21,8 @@ try:
 except ImportError:     # compare.py says how to install it; the writers here do not need it
     np = None
 
+from .names import STATE_SUFFIXES  # noqa: E402  (standard library only)
+
 NEED_NUMPY = "compare.py needs numpy: apt-get install python3-numpy (or pip install numpy)"
 
 
@@ -398,6 +400,56 @@ def need_router_indices(d, view):
                            f"recognised and every later row would look like a bug\n"
                            f"  hint: dump the router's top-1 expert per position as {name} (int32 [T]); "
                            f"docs/compare.md §9's forward-hook example shows it")
+
+
+def position_text(d, t):
+    """"position t (token id X)": a position of dump d, with the token id at it when index.json has `tokens`."""
+    toks = d.tokens if d is not None else None
+    return f"position {t}" + (f" (token id {toks[t]})" if toks and 0 <= t < len(toks) else "")
+
+
+def worst_position(port, ref, name, skip=()):
+    """The position of a tap where the port is furthest from ref: for a float tap the row with the largest row
+    error (||a_t - b_t|| / max(||b_t||, 0.1 rowrms(b)), docs/compare.md §3), for an integer tap (router_indices)
+    the first that differs; positions in `skip` (near-tie flips) left out. "position t (token id X)", or None."""
+    if port is None or ref is None or not (port.has(name) and ref.has(name)):
+        return None
+    sa, a = port.load(name)
+    sb, b = ref.load(name)
+    rows = min(sa[0], sb[0]) if sa and sb else 1
+    n = min(a.size // max(sa[0] if sa else 1, 1), b.size // max(sb[0] if sb else 1, 1))
+    integer = a.dtype.kind in "iu" or b.dtype.kind in "iu"
+    a = a.reshape(sa[0] if sa else 1, -1)[:rows, :n].astype(np.float64)
+    b = b.reshape(sb[0] if sb else 1, -1)[:rows, :n].astype(np.float64)
+    keep = np.array([t not in skip for t in range(rows)], dtype=bool)
+    if name.endswith(STATE_SUFFIXES) or not keep.any():      # a state holds the last rows, not one per position
+        return None
+    if integer:
+        differ = np.flatnonzero((a != b).any(axis=1) & keep)
+        return position_text(port, int(differ[0])) if differ.size else None
+    d = np.sqrt(np.square(a - b).sum(axis=1))
+    nb = np.sqrt(np.square(b).sum(axis=1))
+    floor = max(0.1 * math.sqrt(float(np.square(nb).sum()) / max(rows, 1)), 1e-30)
+    err = np.where(np.isfinite(d), d / np.maximum(nb, floor), np.inf)
+    err[~keep] = -1.0
+    return position_text(port, int(np.argmax(err)))
+
+
+def declared_weights(d):
+    """What a port's dump declares of its weights (a map's `weights` field, written by portmap into index.json's
+    weight_format): {"type", "quantized", "note"}, or None when nothing is declared."""
+    wf = d.index.get("weight_format") if d is not None else None
+    if not isinstance(wf, dict) or "quantized" not in wf:
+        return None
+    return {"type": wf.get("port_type"), "quantized": bool(wf.get("quantized")), "note": wf.get("note")}
+
+
+def own_weights(provenance):
+    """Whether a blob's provenance (export_weights.py) says it holds a port's own weights: --weights PORT.safetensors,
+    a GGUF, or a quantized checkpoint's experts."""
+    p = provenance if isinstance(provenance, dict) else {}
+    return bool(p.get("weights") or p.get("experts") or "gguf" in str(p.get("layout", "")).lower()
+                or str(p.get("source", "")).lower().endswith(".gguf"))
 
 
 def model_dims(d):

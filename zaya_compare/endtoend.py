@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from .dumps import same_model, Dump, InputError, guarded
+from .dumps import same_model, Dump, InputError, guarded, position_text, declared_weights
 from .metrics import cosine, cosines, fmt, fsum, logits_rows_stats, row_errors, row_metrics, topk_ids, unravel
 from .names import (ATOL, COS_INT8, COS_INT8_ROW, FLOOR_REL, LOGITS_ATOL, LOGITS_TOPK_ATOL_INT8, STATE_SUFFIXES,
                     TOPK_RE, kind_of, layer_of)
@@ -411,11 +411,16 @@ def report(c, verbose):
         agree = sum(a for _, a, _ in c.routing)
         total = sum(n for _, _, n in c.routing)
         print(f"\nrouting: top-1 agreement {agree}/{total} (layer, position) pairs over {len(c.routing)} layers")
+        dw = declared_weights(t)
+        quantized = (dw["quantized"] if dw else False) or str(t.weights) == "int8"
         for f in c.flips:
             m = fmt(f["margin"], ".4g")
             print(f"  flip layer {f['layer']} position {f['position']}: TEST {f['test']} REF {f['ref']}, "
                   f"margin {m} ({f['margin_source']}) -> {f['label']}"
-                  + (f" (< {c.near_tie:g})" if f["label"] == "near-tie" else f" (>= {c.near_tie:g} or unknown)"))
+                  + (f" (< {c.near_tie:g}, --near-tie: what float32 rounding moves)" if f["label"] == "near-tie" else
+                     f" (>= {c.near_tie:g}, --near-tie: what float32 rounding moves, or unknown)" + (
+                         "; TEST's weights are quantized, so this is a flip to check: compare.py --quant says whether "
+                         "its weights explain it" if quantized else "")))
     if c.logits:
         L = c.logits
         print(f"\nlogits ({L['representation']}): top-1 agree {L['top1_agree']}/{L['positions']}, "
@@ -452,6 +457,10 @@ def report(c, verbose):
                   f"{earliest['first_bad']})")
     bugs = [f for f in c.flips if f["label"] == "BUG"]
     verdict = "DIVERGED" if first or bugs else "AGREE"
+    if first:
+        verdict += f" at {first['name']}, {position_text(c.test, first['first_bad'])}"
+    elif bugs:
+        verdict += f" at model.layers.{bugs[0]['layer']}.mlp.gate.router_indices, {position_text(c.test, bugs[0]['position'])}"
     extra = f" ({len(c.flips)} near-tie routing flip(s))" if c.flips and not bugs else ""
     print(f"RESULT: {verdict}{extra}")
 

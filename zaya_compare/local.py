@@ -23,7 +23,7 @@ import numpy as np
 
 from . import legit
 from .diagnose import GGML_PRODUCTS, diagnose
-from .dumps import Dump, InputError, guarded, need_router_indices
+from .dumps import Dump, InputError, declared_weights, guarded, need_router_indices, own_weights, worst_position
 from .metrics import common_vocabulary, fmt, fsum, row_metrics
 from .names import ATOL, LAYER_OUTPUT, is_logits, LAYER_STATE, execution_order, kind_of, layer_of
 
@@ -211,6 +211,14 @@ def every_layer_differs(rows):
     return (min(errs), max(errs)) if min(errs) > 0 and max(errs) <= UNIFORM_SPREAD * min(errs) else None
 
 
+def where(port, replay, rows, first):
+    """"; largest at position t (token id X)": where the first local error's tap departs most (its layer's near-tie
+    positions left out), for the verdict lines; "" when the dumps cannot say."""
+    near = next((r[5] for r in rows if r[0] == first[0]), set())
+    at = worst_position(port, replay, first[1], near)
+    return f"; {'first flip' if first[1].endswith('router_indices') else 'largest row error'} at {at}" if at else ""
+
+
 def report(args, port, replay, env, ref, rows, first, names):
     """Prints the per-layer table and the verdict; returns the exit status (0 agrees, 1 a local error)."""
     T = len(port.tokens or [])
@@ -227,7 +235,8 @@ def report(args, port, replay, env, ref, rows, first, names):
               f"{route:>9}  {w}")
     if any(r[5] for r in rows):
         print("  * a near-tie: the port and the replay route a position differently at a margin below "
-              f"{args.near_tie}; that position is left out of the layer's later taps")
+              f"{args.near_tie} (--near-tie: what float32 rounding moves; the replay computes on the same weights);"
+              " that position is left out of the layer's later taps")
     if args.verbose:
         for layer, _, _, _, _, _, layer_rows in rows:
             for name, e, ee, gate, bad in layer_rows:
@@ -255,7 +264,8 @@ def report(args, port, replay, env, ref, rows, first, names):
         return 1
     if d.verdict == "products":
         layer, name, e, gate, ee = first
-        print(f"\nFIRST LOCAL ERROR: layer {layer}, {name}\n  local error {fmt(e)} > tolerance {fmt(gate)}\n  "
+        print(f"\nFIRST LOCAL ERROR: layer {layer}, {name}\n  local error {fmt(e)} > tolerance {fmt(gate)}"
+              f"{where(port, replay, rows, first)}\n  "
               + "\n  ".join(d.weight_lines("the GGUF's")) + f"\n  although the replay's weights are the GGUF's own ({src}, "
               f"as ggml dequantizes them): the port computes its products otherwise;\n  {GGML_PRODUCTS}")
         print("RESULT: LOCAL ERROR")
@@ -269,7 +279,7 @@ def report(args, port, replay, env, ref, rows, first, names):
               f"\n  from other code: dump those taps, or pass the port's own weights as --model PORTWEIGHTS.bin"
               f"\n  (python3 export_weights.py CKPT PORTWEIGHTS.bin --weights PORT.safetensors) or use compare.py --quant"
               f"\n  (docs/compare.md §10).\n  If the weights are the checkpoint's, the first "
-              f"local error is layer {layer}, {name} ({fmt(e)} > {fmt(gate)}).")
+              f"local error is layer {layer}, {name} ({fmt(e)} > {fmt(gate)}{where(port, replay, rows, first)}).")
         print("RESULT: LOCAL ERROR IN EVERY LAYER")
         return 1
     if first:
@@ -278,6 +288,7 @@ def report(args, port, replay, env, ref, rows, first, names):
                                                                    if ee is not None and gate > 0 else "")
         if name.endswith("router_indices"):
             why = "the port routes a position differently from the replay, not at a near-tie"
+        why += where(port, replay, rows, first)
         prev = [n for n in names if n.startswith(f"model.layers.{layer}.")]
         before = prev[prev.index(name) - 1] if prev.index(name) > 0 else f"the input of layer {layer}"
         evidence = "".join(f"\n  {ln}" for ln in d.code_lines())
@@ -427,7 +438,7 @@ def judge_tiers(args, port, reps):
                             f"legitimate placements (limit {TIER2_FACTOR:g}x)")
     pos = {n: i for i, n in enumerate(order)}
     located = min([x for x in (step_first, first2) if x], key=lambda x: pos[x[0]], default=None)
-    return {"taps": taps, "tier1_first": first1, "step_first": step_first, "tier2_first": first2,
+    return {"taps": taps, "fp32": fp32, "tier1_first": first1, "step_first": step_first, "tier2_first": first2,
             "closest": min(closeness, key=closeness.get) if taps else None, "located": located,
             "stepped": sum(1 for t in taps if t.get("step")),
             "max_ratio": max([t["ratio"] for t in taps if "ratio" in t] or [0.0]),
@@ -493,6 +504,9 @@ def report_tiers(args, port, ref, res):
     if res["located"]:
         name, why = res["located"]
         layer = layer_of(name)
+        route = next((t for t in res["taps"] if t["layer"] == layer and "flips" in t), None)
+        at = worst_position(port, res["fp32"], name, set(route["near"]) if route else set())
+        why += f"; {'first flip' if name.endswith('router_indices') else 'largest row error'} at {at}" if at else ""
         print(f"\nFIRST LOCAL ERROR: layer {layer}, {name}\n  {why}\n  every layer before it recomputes from the port's "
               f"inputs within tolerance")
         print("RESULT: LOCAL ERROR")
@@ -503,7 +517,34 @@ def report_tiers(args, port, ref, res):
     return 0
 
 
+def need_own_weights(args, view):
+    """Raises InputError at once when the port's dump declares quantized weights (its map's `weights`) and the
+    blob it is replayed on (--model, or the replay's model) does not hold the port's own weights."""
+    port = Dump(args.test_dir, "PORT")
+    dw = declared_weights(port)
+    if not dw or not dw["quantized"]:
+        return
+    if args.model:
+        from .quant import blob_facts
+        prov, what = blob_facts(args.model)[1], f"--model {args.model}"
+    elif args.ref_dir:
+        model = Dump(args.ref_dir, "REPLAY").index.get("model") or {}
+        prov, what = model.get("provenance") if isinstance(model, dict) else {}, f"the replay {args.ref_dir}'s model"
+    else:
+        return
+    if own_weights(prov):
+        return
+    raise InputError(f"{view}: the port's weights are declared quantized ({dw['type']}"
+                     + (f": {dw['note']}" if dw.get("note") else "") + f"; its map's `weights`), and {what} is not "
+                     f"the port's own weights (its provenance names no --weights file and no GGUF)\n  expected: the "
+                     f"values the port multiplies by, or every layer differs by the quantization, not by the port's code\n"
+                     f"  hint: python3 export_weights.py MODEL.gguf PORTWEIGHTS.bin (a GGUF), or python3 export_weights.py "
+                     f"CKPT PORTWEIGHTS.bin --weights PORT.safetensors (the port's dequantized weights); then compare.py "
+                     f"--local {args.test_dir} --model PORTWEIGHTS.bin, or --quant ... --exact EXACT.bin (docs/compare.md §10)")
+
+
 def local_main(args):
+    need_own_weights(args, "--local")
     if args.model and args.bf16 and not args.envelope:
         port = Dump(args.test_dir, "PORT")
         need_router_indices(port, "--local --bf16")

@@ -21,6 +21,8 @@ Map format (JSON):
    "order": "numpy" | "ggml",                        how `axes` lists a tensor's axes (below)
    "precision": "fp32" | "bf16",                     how the port computes (the replay's precision)
    "skip_expert": "zero" | "passthrough",            the port's skip-class semantics (default zero)
+   "weights": "exact" | "quantized" | TYPE | {"type": TYPE, "note": ...},   the port's weights (optional): a
+                                                     quantized port needs its own weights in --local and --quant
    "tensors": [{"port": "attn_out-{2i}", "name": "model.layers.{i}.self_attn.o_proj", "axes": "H T",
                 "match": "equals" | "approximates", "why": ..., "layers": "1:", "slice": {"T": "1:"}}],
    "unmapped": [{"port": ..., "why": ...}]}          port tensors with no zaya.c tap, and why
@@ -143,6 +145,10 @@ def layer_set(spec, n_layers, where):
         raise MapError(f"{where}: layers {spec!r}: expected an index (\"0\", \"-1\") or a slice (\"1:\", \":-1\")")
 
 
+# a map's `weights` type that holds the checkpoint's values (any other type is a quantization)
+EXACT_WEIGHTS = ("exact", "checkpoint", "f32", "fp32", "bf16", "f16", "fp16")
+
+
 def load_map(path):
     try:
         with open(path) as f:
@@ -158,6 +164,11 @@ def load_map(path):
         raise MapError(f"{path}: order {m.get('order')!r}: expected \"numpy\" or \"ggml\"")
     if m.get("precision", "fp32") not in ("fp32", "bf16"):
         raise MapError(f"{path}: precision {m.get('precision')!r}: expected \"fp32\" or \"bf16\"")
+    w = m.get("weights")
+    if w is not None and not (isinstance(w, str) and w or isinstance(w, dict) and isinstance(w.get("type"), str)
+                              and set(w) <= {"type", "note"}):
+        raise MapError(f"{path}: weights {w!r}: expected a type (\"exact\", \"quantized\", \"Q4_K_M\", ...) or "
+                       f"{{\"type\": ..., \"note\": ...}}\n  hint: docs/compare.md §9 (maps)")
     if not isinstance(m.get("tensors"), list) or not m["tensors"]:
         raise MapError(f"{path}: no `tensors` list")
     for k, e in enumerate(m["tensors"]):
@@ -445,6 +456,13 @@ def convert(map_path, raw, out, n_layers=None, given=None, log=print):
                     "dims": dims, "missing": [{"port": p, "name": n} for p, n in missing],
                     "approximate": [n for n, _, _ in approx]},
     }
+    w = m.get("weights")
+    if w is not None:          # the map declares the port's weights: --local and --quant read it (docs/compare.md §9)
+        w = w if isinstance(w, dict) else {"type": w}
+        meta["weight_format"].update(port_type=w["type"], quantized=w["type"].lower() not in EXACT_WEIGHTS,
+                                     declared_by="map")
+        if w.get("note"):
+            meta["weight_format"]["note"] = w["note"]
     if meta["precision"] == "fp32":
         del meta["precision"]        # docs/compare.md §1: absent = fp32
         meta["port_precision"] = "fp32"

@@ -18,9 +18,11 @@ PREFIX_weights, PREFIX_quant_local and PREFIX_replay_fp32 (PREFIX: --replay-out,
 import os
 import subprocess
 
+import numpy as np
+
 from . import local
 from .diagnose import GGML_PRODUCTS, diagnose
-from .dumps import Dump, InputError, guarded
+from .dumps import Dump, InputError, declared_weights, guarded
 from .metrics import common_vocabulary, fmt, logits_rows_stats
 from .names import LAYER_OUTPUT
 
@@ -107,6 +109,49 @@ def logits_summary(a, b):
     return sum(p[0] == q[0] for p, q in zip(ia, ib)), len(ia), float(kl.mean())
 
 
+def margins(d, layer):
+    """Per position the router margin (best - second-best :router_scores) of a dump's layer, or None."""
+    name = f"model.layers.{layer}.mlp.gate:router_scores"
+    if not d.has(name):
+        return None
+    shape, sc = d.load(name)
+    sc = np.sort(sc.reshape(shape[0], -1).astype(np.float64), axis=1)
+    return sc[:, -1] - sc[:, -2]
+
+
+def routing_lines(port, exact, weights, near_tie):
+    """The port's routing flips against the exact model (end to end), each labelled by what can legitimately move
+    its margin here: float32 rounding (--near-tie: a near-tie) or the port's weights (a flip the weights explain:
+    the weights alone flip it too, or its exact margin is under the largest margin change the weights alone cause
+    in that layer); otherwise a flip to check."""
+    lines, n_layers = [], 1 + max([int(n.split(".")[2]) for n in exact.order if n.startswith("model.layers.")] or [-1])
+    for layer in range(n_layers):
+        name = f"model.layers.{layer}.mlp.gate.router_indices"
+        if not (port.has(name) and exact.has(name)):
+            continue
+        a, b = port.load(name)[1].reshape(-1), exact.load(name)[1].reshape(-1)
+        w = weights.load(name)[1].reshape(-1) if weights.has(name) else None
+        m = min(a.size, b.size)
+        flips = np.flatnonzero(a[:m] != b[:m]).tolist()
+        me, mw = margins(exact, layer), margins(weights, layer)
+        move = float(np.abs(mw - me).max()) if me is not None and mw is not None and mw.shape == me.shape else None
+        for t in flips:
+            mg = float(me[t]) if me is not None else None
+            if mg is not None and mg < near_tie:
+                label = f"near-tie: margin {mg:.4g} < {near_tie:g} (--near-tie, what float32 rounding moves)"
+            elif w is not None and t < w.size and w[t] == a[t]:
+                label = (f"a flip the weights explain: margin {fmt(mg, '.4g')}, and zaya.c on the port's weights "
+                         f"routes it to {int(w[t])} too")
+            elif mg is not None and move is not None and mg < move:
+                label = (f"a flip the weights explain: margin {mg:.4g} < {move:.4g}, the largest margin change the "
+                         f"weights alone cause in layer {layer}")
+            else:
+                label = (f"a flip to check: margin {fmt(mg, '.4g')} >= {fmt(move, '.4g')}, the largest margin change the "
+                         f"weights alone cause in layer {layer}, and >= {near_tie:g} (--near-tie)")
+            lines.append(f"  layer {layer} position {t}: port {int(a[t])}, exact {int(b[t])} -> {label}")
+    return lines
+
+
 def quant_main(args):
     if not args.model or not args.exact:
         raise InputError("--quant needs the port's weights and the exact model: compare.py --quant PORT_DUMP "
@@ -118,7 +163,11 @@ def quant_main(args):
     if os.path.samefile(args.model, args.exact):
         raise InputError(f"--model and --exact are the same file ({args.model})\n  hint: --model is the port's weights "
                          "(export_weights.py CKPT OUT.bin --weights PORT.safetensors), --exact the checkpoint's")
+    local.need_own_weights(args, "--quant")
     port0 = Dump(args.test_dir, "PORT")
+    dw = declared_weights(port0)
+    if dw:
+        print(f"PORT's weights, declared by its map: {dw['type']}" + (f" ({dw['note']})" if dw.get("note") else ""))
     if not port0.tokens:
         raise InputError(f"{args.test_dir}: index.json has no `tokens`\n  hint: the view runs zaya.c on the port's ids")
     prefix = (args.replay_out or args.test_dir.rstrip("/") + "_quant")
@@ -165,6 +214,10 @@ def quant_main(args):
     if first and kept_in_layer(kept, first[0], first[1]):
         print(f"  the first local error, {first[1]}, is a step whose matrix the port's weights left at the checkpoint's "
               f"values in layer {first[0]}")
+    flips = routing_lines(port, exact, weights, args.near_tie)
+    if flips:
+        print("routing flips of the port against the exact model (end to end; the local verdict below judges each "
+              "layer on the port's weights):\n" + "\n".join(flips))
     lw, lp = logits_summary(weights, exact), logits_summary(port, exact)
     if lw and lp:
         print(f"logits vs exact: weights alone top-1 {lw[0]}/{lw[1]}, KL {lw[2]:.3g}; port top-1 {lp[0]}/{lp[1]}, "
@@ -185,6 +238,7 @@ def quant_main(args):
                                                    d.weight_lines("the GGUF's") + [GGML_PRODUCTS]))
         print(f"\nVERDICT: layer {layer}, {name} adds error the weights do not explain{evidence}\n"
               f"  on its own weights the port's local error there is {fmt(e)} (tolerance {fmt(gate)}"
+              + local.where(port, replay, rows, first)
               + (f", 3 x the bf16 envelope {fmt(ee)}" if ee is not None else "") + "); quantization alone adds "
               f"{fmt(qlocal_by_layer.get(layer))} to that layer's output\n"
               f"  compare.py --local {args.test_dir} --model {args.model} --verbose lists every tap")
