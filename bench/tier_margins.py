@@ -54,7 +54,7 @@ BUGS = {
         ("(r[at] + p->residual_bias[i]) * p->residual_scale[i];",
          "(r[at] + (b->layer == {L} && !strcmp(name, \"post_attention_residual_scale\") ? 0.0f : p->residual_bias[i])) * p->residual_scale[i];")]),
     "router GELU: tanh approximation (llama.cpp's ggml_gelu)": ("mlp.gate.router_mlp.act_fn:fc1", [
-        ("    for (size_t i = 0; i < n; i++) x[i] = held(b, gelu(x[i]));",
+        ("    for (size_t i = 0; i < n; i++) x[i] = held(b, b->placement & ZAYA_GGML_GELU ? ggml_gelu(x[i]) : gelu(x[i]));",
          "    for (size_t i = 0; i < n; i++) x[i] = held(b, b->layer == {L} ? 0.5f * x[i] * (1.0f + tanhf(0.7978845608f * "
          "(x[i] + 0.044715f * x[i] * x[i] * x[i]))) : gelu(x[i]));")]),
     "index: delayed value of this token": ("self_attn.qkv_proj:value", [
