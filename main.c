@@ -688,7 +688,7 @@ static float *encode_image(const ZayaModel *m, const char *path, int threads, co
                     "checkpoint (model_type zaya1_vl) with export_weights.py", path);
     ZayaImage img;
     float *pixels = NULL;
-    int gh, gw;
+    int gh = 0, gw = 0;
     double t0 = now_s();
     if (zaya_image_read(path, &img, err, sizeof err) != 0 ||
         zaya_image_pixels(&img, &m->vision.config, &pixels, &gh, &gw, err, sizeof err) != 0)
