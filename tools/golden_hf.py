@@ -23,6 +23,8 @@ Every tensor is a hooked module output except these, computed here and marked "c
   output is masked: a skip token gets index 0 and weight 0), recovered as E where the router returned
   index 0 with weight 0
 - the state after the run (conv state, delayed value, K/V caches) read from the cache object.
+After loading, the checkpoint's values are put back into the buffers it stores (restore_buffers: transformers
+5.24 resets the routers' balancing_biases after loading, which moves the router scores and the routing).
 torch and transformers are imported inside main(); the naming and writing code (Recorder, install_hooks)
 is tested without them by test/test_golden_hf.py against a stub module tree.
 """
@@ -143,6 +145,23 @@ def residuals_in(torch, dtype):
         qres = (q + k) * 0.5
         return qres.float().tolist(), qres.view(S, nkv, g, d).mean(dim=-2).float().tolist()
     return mix
+
+
+def restore_buffers(torch, model, ckpt):
+    """Puts the checkpoint's values back into the model's buffers that it stores (the routers'
+    balancing_biases): transformers 5.24's _init_weights resets that buffer after loading (its last entry
+    to -1), which moves the router scores and the routing. Returns the names restored."""
+    import glob
+    from safetensors import safe_open
+    buffers, restored = dict(model.named_buffers()), []
+    for path in sorted(glob.glob(os.path.join(ckpt, "*.safetensors"))):
+        with safe_open(path, "pt") as f:
+            for name in f.keys():
+                if name in buffers:
+                    with torch.no_grad():
+                        buffers[name].copy_(f.get_tensor(name).to(buffers[name].dtype))
+                    restored.append(name)
+    return restored
 
 
 def install_hooks(model, rec, n_layers, n_experts, nq, nkv, d, mix=residuals):
@@ -331,6 +350,7 @@ def main(argv=None):
     model = modeling_zaya.ZayaForCausalLM.from_pretrained(args.ckpt, dtype=torch.float32,
                                                           attn_implementation="eager")
     model.eval()
+    restore_buffers(torch, model, args.ckpt)
     cfg = model.config
     rec = Recorder()
     dtype = next(model.parameters()).dtype   # float32 here; another when a caller loads it otherwise (golden_variant)

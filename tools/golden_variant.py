@@ -104,19 +104,10 @@ def main(argv=None):
     patch(args.variant, torch, modeling_zaya)
     load = modeling_zaya.ZayaForCausalLM.from_pretrained
 
-    def load_exact(*a, **k):
+    def load_exact(*a, **k):   # golden_hf.main puts the checkpoint's balancing_biases back after loading
         if args.dtype == "bf16":
             k["dtype"] = torch.bfloat16
-        model = load(*a, **k)
-        # transformers 5.24's _init_weights resets the router's balancing_biases buffer after loading (its
-        # last entry to -1): put the checkpoint's values back (float32, as the buffer is)
-        from safetensors.torch import load_file
-        sd = load_file(os.path.join(args.ckpt, "model.safetensors"))
-        with torch.no_grad():
-            for name, buf in model.named_buffers():
-                if name.endswith("balancing_biases") and name in sd:
-                    buf.copy_(sd[name].to(buf.dtype))
-        return model
+        return load(*a, **k)
     modeling_zaya.ZayaForCausalLM.from_pretrained = load_exact
     rc = golden_hf.main([args.ckpt, "--out", args.out, "--mode", args.mode]
                         + (["--ids", args.ids] if args.ids else ["--prompt", args.prompt]))
