@@ -45,6 +45,28 @@ def run(cmd, input=b"", **kw):
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
 
 
+def export_blob(ckpt, out_dir, name, *extra):
+    """export_weights.py CKPT OUT_DIR/NAME.bin [extra]: a check named `export NAME`; returns the blob's path."""
+    blob = os.path.join(out_dir, name + ".bin")
+    rc, _, err = run([sys.executable, "export_weights.py", ckpt, blob, *extra])
+    check(rc == 0, f"export {name}", err[-300:])
+    return blob
+
+
+def dump_run(zaya, blob, ids, out_dir, name, *extra):
+    """zaya BLOB --ids IDS --dump OUT_DIR/NAME [extra]: a check named `dump NAME`; returns the dump folder."""
+    out = os.path.join(out_dir, name)
+    rc, _, err = run([zaya, blob, "--ids", ids, "--dump", out, *extra])
+    check(rc == 0, f"dump {name}", err[-300:])
+    return out
+
+
+def compare(*args):
+    """compare.py ARGS: (exit status, stdout + stderr)."""
+    rc, out, err = run([sys.executable, "compare.py", *args])
+    return rc, out + err
+
+
 def rel_l2(a, b):
     num = sum((x - y) ** 2 for x, y in zip(a, b))
     den = sum(y * y for y in b)

@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from harness import BUILD, check, finish, mutant, need_fixtures, prompt_ids, run
+from harness import BUILD, check, compare, dump_run, export_blob, finish, mutant, need_fixtures, prompt_ids, run
 
 FX = need_fixtures()
 OUT = os.path.join(BUILD, "legit")
@@ -40,22 +40,11 @@ IDS = ",".join(map(str, prompt_ids()))
 
 
 def export(name, *extra):
-    blob = os.path.join(OUT, name + ".bin")
-    rc, _, err = run([sys.executable, "export_weights.py", os.path.join(FX, "checkpoint_native"), blob, *extra])
-    check(rc == 0, f"export {name}", err[-300:])
-    return blob
+    return export_blob(os.path.join(FX, "checkpoint_native"), OUT, name, *extra)
 
 
 def dump(blob, name, *extra, zaya="./zaya", ids=IDS):
-    out = os.path.join(OUT, name)
-    rc, _, err = run([zaya, blob, "--ids", ids, "--dump", out, *extra])
-    check(rc == 0, f"dump {name}", err[-300:])
-    return out
-
-
-def compare(*args):
-    rc, out, err = run([sys.executable, "compare.py", *args])
-    return rc, out + err
+    return dump_run(zaya, blob, ids, OUT, name, *extra)
 
 
 bf16 = export("bf16", "--dtype", "bf16")

@@ -17,9 +17,8 @@ dequantized, written as PORT.safetensors and exported with export_weights.py --w
 import json
 import os
 import shutil
-import sys
 
-from harness import BUILD, check, finish, mutant, need_fixtures, prompt_ids, run
+from harness import BUILD, check, compare, dump_run, export_blob, finish, mutant, need_fixtures, prompt_ids
 from fake_quant import quantized_port, read_safetensors, write_safetensors
 
 FX = need_fixtures()
@@ -34,22 +33,11 @@ IDS = ",".join(map(str, prompt_ids()))
 
 
 def export(name, *extra):
-    blob = os.path.join(OUT, name + ".bin")
-    rc, _, err = run([sys.executable, "export_weights.py", CK, blob, *extra])
-    check(rc == 0, f"export {name}", err[-300:])
-    return blob
+    return export_blob(CK, OUT, name, *extra)
 
 
 def dump(zaya, blob, name):
-    out = os.path.join(OUT, name)
-    rc, _, err = run([zaya, blob, "--ids", IDS, "--dump", out, "--dump-filter", "^model"])   # no logits: 40 MB each
-    check(rc == 0, f"dump {name}", err[-300:])
-    return out
-
-
-def compare(*args):
-    rc, out, err = run([sys.executable, "compare.py", *args])
-    return rc, out + err
+    return dump_run(zaya, blob, IDS, OUT, name, "--dump-filter", "^model")   # no logits: 40 MB each
 
 
 def table(text, first_col="layer"):

@@ -24,7 +24,7 @@ import shutil
 import struct
 import sys
 
-from harness import BUILD, check, finish, mutant, need_fixtures, prompt_ids, read_npy, rel_l2 as rel, run
+from harness import BUILD, check, compare, dump_run, export_blob, finish, mutant, need_fixtures, prompt_ids, read_npy, rel_l2 as rel, run
 
 FX = need_fixtures()
 with open(os.path.join(FX, "checkpoint_native", "config.json")) as f:
@@ -38,22 +38,11 @@ os.makedirs(OUT)
 
 
 def export(ckpt, name, *extra):
-    blob = os.path.join(OUT, name + ".bin")
-    rc, _, err = run([sys.executable, "export_weights.py", ckpt, blob, *extra])
-    check(rc == 0, f"export {name}", err[-300:])
-    return blob
+    return export_blob(ckpt, OUT, name, *extra)
 
 
 def dump(blob, name, *extra, zaya="./zaya"):
-    out = os.path.join(OUT, name)
-    rc, _, err = run([zaya, blob, "--ids", IDS, "--dump", out, *extra])
-    check(rc == 0, f"dump {name}", err[-300:])
-    return out
-
-
-def compare(*args):
-    rc, out, err = run([sys.executable, "compare.py", *args])
-    return rc, out + err
+    return dump_run(zaya, blob, IDS, OUT, name, *extra)
 
 
 def layer_of(name):
