@@ -48,20 +48,27 @@ def read_safetensors(path):
     return out
 
 
-def write_safetensors(path, tensors, dtype="F32"):
-    """tensors: {name: array}; written as F32, F16 or BF16 (BF16 truncates: give bf16 values)."""
-    header, blobs, off = {}, [], 0
-    for name, v in tensors.items():
-        v = np.ascontiguousarray(v, np.float32)
-        raw = (v.astype(np.float16).tobytes() if dtype == "F16" else
-               (v.view(np.uint32) >> 16).astype(np.uint16).tobytes() if dtype == "BF16" else v.tobytes())
-        header[name] = {"dtype": dtype, "shape": list(v.shape), "data_offsets": [off, off + len(raw)]}
+def write_safetensors_raw(path, tensors, meta=None):
+    """tensors: {name: (dtype, shape, raw bytes)}, written in that order; meta: the header's __metadata__."""
+    header, blobs, off = ({"__metadata__": meta} if meta else {}), [], 0
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def write_safetensors(path, tensors, dtype="F32"):
+    """tensors: {name: array}; written as F32, F16 or BF16 (BF16 truncates: give bf16 values)."""
+    raw = {}
+    for name, v in tensors.items():
+        v = np.ascontiguousarray(v, np.float32)
+        raw[name] = (dtype, v.shape, v.astype(np.float16).tobytes() if dtype == "F16" else
+                     (v.view(np.uint32) >> 16).astype(np.uint16).tobytes() if dtype == "BF16" else v.tobytes())
+    write_safetensors_raw(path, raw)
 
 
 def block_len(cols):

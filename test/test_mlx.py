@@ -30,6 +30,7 @@ from harness import ROOT, check, finish, need_fixtures, run
 sys.path.insert(0, ROOT)
 import export_weights  # noqa: E402
 import mlx_weights  # noqa: E402
+from fake_quant import write_safetensors_raw  # noqa: E402
 
 FX = need_fixtures("mlx")
 LEGACY = need_fixtures("checkpoint_legacy")
@@ -47,21 +48,6 @@ def read_st(path):
     meta = header.pop("__metadata__", {})
     return {k: (v["dtype"], v["shape"], data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
             for k, v in header.items()}, meta
-
-
-def write_st(path, tensors, meta=None):
-    """tensors: {name: (dtype, shape, raw bytes)}."""
-    header, off, blobs = {}, 0, []
-    if meta:
-        header["__metadata__"] = meta
-    for k, (dt, shape, raw) in tensors.items():
-        header[k] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def same_values(got, want, dtype):
@@ -115,7 +101,7 @@ with open(os.path.join(LEGACY, "model.safetensors.index.json")) as f:
     shard = json.load(f)["weight_map"]["model.embed_tokens.weight"]
 legacy_emb = read_st(os.path.join(LEGACY, shard))[0]["model.embed_tokens.weight"]
 port["language_model.model.embed_tokens.weight"] = legacy_emb
-write_st(os.path.join(folder, "model.safetensors"), port, port_meta)
+write_safetensors_raw(os.path.join(folder, "model.safetensors"), port, port_meta)
 shutil.copy(os.path.join(FX, "port", "config.json"), folder)
 for fn in ("tokenizer.json.gz", "tokenizer_config.json.gz"):
     os.symlink(os.path.join(TOK, fn), os.path.join(folder, fn))
@@ -233,7 +219,7 @@ def bad_folder(name, edit_cfg=None, drop=(), rename=None):
     t = dict(port)
     for k in drop:
         del t[k]
-    write_st(os.path.join(d, "model.safetensors"), t, port_meta)
+    write_safetensors_raw(os.path.join(d, "model.safetensors"), t, port_meta)
     rc, text = export(d, os.path.join(d, "out.bin"))
     return rc, text
 
