@@ -1250,13 +1250,8 @@ def mxfp4_byte_table(e8m0, where):
 
 
 def read_scale_values(raw, dtype):
-    """A checkpoint's FP8 row scales as Python floats (exact)."""
-    n = len(raw) // ST_DTYPE_SIZE[dtype]
-    if dtype == "F32":
-        return struct.unpack(f"<{n}f", raw)
-    if dtype == "F16":
-        return struct.unpack(f"<{n}e", raw)
-    return struct.unpack(f"<{n}f", bf16_to_f32(raw))
+    """A checkpoint's FP8 row scales (F32, F16 or BF16) as Python floats (exact)."""
+    return mlx_weights.decode(raw, dtype)
 
 
 class DequantizedExperts:

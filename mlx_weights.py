@@ -132,8 +132,10 @@ def decode(raw, dtype):
         return struct.unpack(f"<{n}f", raw)
     if dtype == "F16":
         return struct.unpack(f"<{n}e", raw)
-    if dtype == "BF16":
-        return struct.unpack(f"<{n}f", b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2)))
+    if dtype == "BF16":   # exact widening: the float32 bits are the bf16 bits followed by 16 zero bits
+        wide = bytearray(2 * len(raw))
+        wide[2::4], wide[3::4] = raw[0::2], raw[1::2]
+        return struct.unpack(f"<{n}f", wide)
     return tuple(raw)
 
 
