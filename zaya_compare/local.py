@@ -310,7 +310,6 @@ PLACEMENTS = dict(OFFICIAL, **{"vLLM: fp32 residual scaling and norms": "bf16+fp
 # Measured (docs/compare.md §9, bench/tier_margins.py): legitimate runs and one-step bugs.
 TIER1_ULPS = 2          # an element agrees within this many bf16 ulps of the official replay's value
 TIER1_FRACTION = 0.01   # a tap computes like the official code when at most this fraction is further
-STEP_FRACTION = legit.STEP_FRACTION   # the step check: a tap departs when more than this fraction is past its bound
 TIER2_FACTOR = 2.0      # a tap is within when its local error <= this x the placements' envelope
 TIER2_FLOOR = 1e-6      # rel L2 below this is float32 noise of a replay
 
@@ -426,11 +425,11 @@ def judge_tiers(args, port, reps):
         if beyond > TIER1_FRACTION * size and first1 is None:
             first1 = (name, f"{beyond} of {size} elements more than {TIER1_ULPS} bf16 ulps from zaya.c's {variant} "
                             f"replay (largest {t['max_ulps']:.3g} ulps; at most {TIER1_FRACTION:.0%} computes like it)")
-        if step and step_first is None and (step["past"] > STEP_FRACTION * step["judged"] or step["rms"] > legit.Z_LIMIT):
+        if step and step_first is None and (step["past"] > legit.STEP_FRACTION * step["judged"] or step["rms"] > legit.Z_LIMIT):
             step_first = (name, f"the step recomputed exactly (float64) from the port's own inputs: {step['past']} of "
                                 f"{step['judged']} elements past the rounding-error bound of legitimate arithmetic (1 "
                                 f"{step['storage']} ulp of the exact value + the roundings a bf16 port may do; largest "
-                                f"{step['worst']:.3g}x its bound, at position {step['at']}; limit {STEP_FRACTION:.1%} of the "
+                                f"{step['worst']:.3g}x its bound, at position {step['at']}; limit {legit.STEP_FRACTION:.1%} of the "
                                 f"elements); errors / their predicted standard deviation: rms {step['rms']:.3g} (limit "
                                 f"{legit.Z_LIMIT:g})")
         if t["ratio"] > TIER2_FACTOR and first2 is None:

@@ -104,18 +104,6 @@ DEPS = {
     "mlp.experts": ["post_attention_layernorm", "mlp.gate:router_weight"],
     "post_mlp_residual_scale": ["mlp.experts", "post_attention_residual_scale"],
 }
-# Steps whose official bf16 output is one rounding of a float32 function of their inputs, with no sum
-# over a long axis: fed the same inputs bit for bit, every torch build gives the same output to the ulp
-# (docs/bf16.md "PyTorch CPU semantics"). The products (Linear, convolutions, norms, attention, the
-# router MLP, the experts) may differ by an ulp where another build sums in another order.
-ELEMENTWISE = {"self_attn.qkv_proj:query_residual", "self_attn.qkv_proj:key_residual", "self_attn.qkv_proj:query",
-               "self_attn.qkv_proj:key", "self_attn.qkv_proj:value", "self_attn:query_after_rope",
-               "self_attn:key_after_rope", "post_attention_residual_scale", "mlp.gate:router_state",
-               "mlp.gate:router_probs", "mlp.gate:router_scores", "mlp.gate:router_weight", "post_mlp_residual_scale",
-               "mlp.gate.router_mlp.act_fn:fc1", "mlp.gate.router_mlp.act_fn:fc2"}
-# Steps that read earlier positions too (the convolutions' window, the delayed value, attention)
-CAUSAL = {"self_attn.qkv_proj.conv_qk_depthwise", "self_attn.qkv_proj.conv_qk_grouped", "self_attn.qkv_proj:value",
-          "self_attn:attn_output"}
 
 
 def execution_order(n_layers):

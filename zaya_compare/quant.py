@@ -230,7 +230,7 @@ def quant_main(args):
     if d.verdict == "weights":
         print(f"\nVERDICT: the port's weights are not those of {args.model}:\n  " + "\n  ".join(d.weight_lines())
               + "\n  hint: --model must hold exactly the weights the port computes with (export_weights.py MODEL.gguf "
-              f"OUT.bin for a GGUF, --weights PORT.safetensors for a dequantized dump of them)")
+              "OUT.bin for a GGUF, --weights PORT.safetensors for a dequantized dump of them)")
         return 1
     if first:
         layer, name, e, gate, ee = first
