@@ -887,6 +887,32 @@ static int check_tokens(const ZayaModel *m, const ZayaState *s, const int *token
     return check_precision(m, s, err, errlen);
 }
 
+/* ZAYA1-VL (arch §V): a prompt's image tokens attend to each other both ways, so they must all be in this call
+ * and in one batch of forward(); *batch becomes the state's capacity when the tokens hold image tokens. */
+static int image_batch(const ZayaModel *m, const ZayaState *s, const int *tokens, int n, int *batch, char *err,
+                       size_t errlen) {
+    int images = 0;
+    for (int t = 0; s->image_both_ways && t < n && s->image_next + images < s->n_image_features; t++)
+        images += tokens[t] == m->image_token_id;
+    if (!images) return 0;
+    *batch = s->capacity;
+    if (s->image_next > 0 || s->image_next + images < s->n_image_features)
+        return zaya_fail(err, errlen, "positions %d..%d hold %d of the prompt's %d image tokens\n  expected: all of "
+                         "them in one zaya_forward call (the bidirectional image mask)\n  hint: run the whole prompt "
+                         "at once", s->pos, s->pos + n - 1, images, s->n_image_features);
+    for (int t = 0, k = s->image_next, last = -1; t < n && k < s->n_image_features; t++)
+        if (tokens[t] == m->image_token_id) {
+            k++;
+            if (last >= 0 && t / *batch != (last - s->pos) / *batch)
+                return zaya_fail(err, errlen, "the image tokens at positions %d and %d are in different batches of %d\n"
+                                 "  expected: every image token of a prompt in its first batch (the bidirectional "
+                                 "image mask)\n  hint: a shorter prompt, fewer or smaller images, or a larger --ctx "
+                                 "(batches of min(ctx, %d) tokens)", last, s->pos + t, *batch, ZAYA_VL_BATCH);
+            last = s->pos + t;
+        }
+    return 0;
+}
+
 int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, char *err, size_t errlen) {
     const ZayaConfig *c = &m->config;
     if (check_tokens(m, s, tokens, n, err, errlen) != 0) return -1;
@@ -895,24 +921,8 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
                          "  hint: start a new conversation or raise --ctx (max %d)", s->pos, s->ctx, n,
                          c->max_position);
     kernels_set_ggml(s->kernels, ggml_mode(s));
-    int batch = s->batch >= 1 && s->batch <= ZAYA_BATCH ? s->batch : ZAYA_BATCH, images = 0;
-    for (int t = 0; s->image_both_ways && t < n && s->image_next + images < s->n_image_features; t++)
-        images += tokens[t] == m->image_token_id;
-    if (images) batch = s->capacity;   /* a prompt's image tokens: in one batch (the bidirectional mask) */
-    if (images && (s->image_next > 0 || s->image_next + images < s->n_image_features))
-        return zaya_fail(err, errlen, "positions %d..%d hold %d of the prompt's %d image tokens\n  expected: all of "
-                         "them in one zaya_forward call (the bidirectional image mask)\n  hint: run the whole prompt "
-                         "at once", s->pos, s->pos + n - 1, images, s->n_image_features);
-    for (int t = 0, k = s->image_next, last = -1; images && t < n && k < s->n_image_features; t++)
-        if (tokens[t] == m->image_token_id) {   /* the bidirectional mask needs them in one batch */
-            k++;
-            if (last >= 0 && t / batch != (last - s->pos) / batch)
-                return zaya_fail(err, errlen, "the image tokens at positions %d and %d are in different batches of %d\n"
-                                 "  expected: every image token of a prompt in its first batch (the bidirectional "
-                                 "image mask)\n  hint: a shorter prompt, fewer or smaller images, or a larger --ctx "
-                                 "(batches of min(ctx, %d) tokens)", last, s->pos + t, batch, ZAYA_VL_BATCH);
-            last = s->pos + t;
-        }
+    int batch = s->batch >= 1 && s->batch <= ZAYA_BATCH ? s->batch : ZAYA_BATCH;
+    if (image_batch(m, s, tokens, n, &batch, err, errlen) != 0) return -1;
     for (int done = 0; done < n; done += batch) forward(m, s, tokens + done, n - done < batch ? n - done : batch);
     return 0;
 }
