@@ -1,8 +1,11 @@
 """Small shared pieces of the Python tests: PASS/FAIL lines, running programs, reading .npy files."""
+import atexit
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -27,6 +30,13 @@ def check(ok, name, detail=""):
 
 def finish():
     sys.exit(1 if failures else 0)
+
+
+def temp_dir(prefix):
+    """A fresh temporary folder, removed when the test exits (however it exits)."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
+    return d
 
 
 def need_fixtures(*parts):

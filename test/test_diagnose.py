@@ -24,14 +24,13 @@ import hashlib
 import os
 import struct
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import check, finish, need_fixtures, run  # noqa: E402
+from harness import check, finish, need_fixtures, run, temp_dir  # noqa: E402
 
 CK = need_fixtures("checkpoint_native")
 EVERY = need_fixtures("every")
-TMP = tempfile.mkdtemp(prefix="zaya_diagnose_")
+TMP = temp_dir("zaya_diagnose_")
 BLOB = os.path.join(TMP, "fx.bin")
 rc, _, err = run([sys.executable, "export_weights.py", CK, BLOB])
 check(rc == 0, "export the checkpoint's blob", err[-300:])

@@ -22,17 +22,16 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ROOT, check, finish, need_fixtures, run  # noqa: E402
+from harness import ROOT, check, finish, need_fixtures, run, temp_dir  # noqa: E402
 import export_tokenizer as et  # noqa: E402
 import gguf  # noqa: E402
 
 TOK = need_fixtures("tokenizer")
 REC = need_fixtures("gguf", "compact-tokenizer-arrays.json")
 GG = need_fixtures("gguf", "compact-F32.gguf")
-TMP = tempfile.mkdtemp(prefix="zaya_gguf_tok_")
+TMP = temp_dir("zaya_gguf_tok_")
 
 with open(REC) as f:
     rec = json.load(f)

@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -27,7 +26,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import compare  # noqa: E402
 import golden_hf  # noqa: E402
-from harness import check, finish  # noqa: E402
+from harness import check, finish, temp_dir  # noqa: E402
 
 
 # stub dimensions: deliberately unlike the fixture (head_dim != hidden / heads, 3 query heads per KV head)
@@ -213,7 +212,7 @@ def expected_shapes(T):
 
 
 def main():
-    tmp = tempfile.mkdtemp(prefix="zaya_golden_hf_")
+    tmp = temp_dir("zaya_golden_hf_")
     dec, pre = os.path.join(tmp, "decode"), os.path.join(tmp, "prefill")
     try:
         make_dump(dec, "decode")
@@ -245,7 +244,7 @@ def main():
             hlen = head[8] | head[9] << 8
             ok = (t["file"] == fname and list(shape) == t["shape"] and (10 + hlen) % 64 == 0
                   and t["dtype"] == ("int32" if data.typecode == "i" else "float32"))
-        except compare.InputError as e:
+        except compare.InputError:
             ok = False
         if not ok:
             bad_files.append(t["name"])
@@ -282,7 +281,7 @@ def main():
     check(cs[1 * C + 5] == val("conv1", 1, 5), "conv state [B,C,K] stored as [K,C]", "")
     with open(os.path.join(dec, "index.json")) as f:
         computed = {t["name"] for t in json.load(f)["tensors"] if "computed" in t}
-    check(f"model.layers.0.mlp.gate:router_probs" in computed and "model.layers.0.self_attn.o_proj" not in computed,
+    check("model.layers.0.mlp.gate:router_probs" in computed and "model.layers.0.self_attn.o_proj" not in computed,
           "intermediates not taken from a module output are marked computed", str(sorted(computed)[:3]))
 
     for label, a, b in (("itself", dec, dec), ("the full-sequence run", dec, pre)):
