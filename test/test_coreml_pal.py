@@ -9,6 +9,8 @@ case and thread count, quants.palettize_group on each group must give the same t
 coremltools' order) and the same index of every weight: fp16 groups of 32, 200, 2,048, 9,999 values, ties,
 11 distinct values for 16 entries, the ZAYA1-8B router MLP's 256 x 256 (8,192 per group), fp32 models
 (sklearn in float32, even at 10,240 values), and 10,000 fp16 values (kmeans1d's side of the threshold).
+With 1 thread, other settings (metadata "modes"): kmeans with 2, 3, 6 and 8 bits, per_tensor, "uniform" (4 and
+8 bits) and "unique" (nbits chosen as coremltools does).
 """
 import json
 import os
@@ -47,18 +49,24 @@ t, meta = read_safetensors(need_fixtures("coreml", "palettized_small.safetensors
 versions = f"coremltools {meta.get('coremltools')}, scikit-learn {meta.get('scikit-learn')}"
 cases = sorted(k[:-len(".weight")] for k in t if k.endswith(".weight"))
 check(len(cases) >= 10, f"the recording holds the small-group cases ({versions})", f"{len(cases)} cases found")
+modes = json.loads(meta.get("modes", "{}"))
 threads_differ = 0
 for case in cases:
     w, group = t[case + ".weight"], int(t[case + ".group"][0])
+    cfg = modes.get(case, {"mode": "kmeans", "nbits": 4})
+    mode, nbits = cfg["mode"], cfg["nbits"]
+    if mode == "unique":
+        nbits = quants.unique_nbits(w[g * group:(g + 1) * group] for g in range(w.shape[0] // group))
     path = "kmeans1d" if w.dtype == np.float16 and group * w.shape[1] >= quants.KMEANS1D_MIN else "scikit-learn"
-    for T in (1, 2):
+    path = f"{mode}, {nbits} bits" + (f", {path}" if mode == "kmeans" else "")
+    for T in (1, 2) if case not in modes else (1,):
         rec = f"{case}.t{T}" if f"{case}.t{T}.lut" in t else f"{case}.t1"   # no t2: the same as t1
         threads_differ += rec == f"{case}.t2"
         lut, idx = t[rec + ".lut"], t[rec + ".indices"]
         bad = []
         for g in range(w.shape[0] // group):
             rows = slice(g * group, (g + 1) * group)
-            got_lut, got_idx = quants.palettize_group(w[rows], 4, n_threads=T)
+            got_lut, got_idx = quants.palettize_group(w[rows], nbits, n_threads=T, mode=mode)
             got_idx = got_idx.reshape(group, -1)
             if not np.array_equal(bits(got_lut), bits(lut[g])) or not np.array_equal(got_idx, idx[rows]):
                 e = np.flatnonzero(bits(got_lut) != bits(lut[g]))

@@ -18,7 +18,9 @@ given to coremltools) and CASE.palettized (table[group][index], fp16, what the m
 distinct values than 16, the ZAYA1-8B router MLP's 256 x 256 fc1 / fc2, fp32 models) and one at exactly
 10,000 (kmeans1d): CASE.weight (fp16 or fp32), CASE.group (group size along axis 0) and, for sklearn's
 OpenMP thread counts T = 1 and 2 (threadpoolctl), CASE.tT.lut [groups, 16] (the weight's dtype) and
-CASE.tT.indices [out, in] (uint8); the t2 pair only where 2 threads gave another result than 1.
+CASE.tT.indices [out, in] (uint8); the t2 pair only where 2 threads gave another result than 1. And, with 1
+thread, the other settings a port may ship (metadata "modes": mode kmeans / uniform / unique, nbits 2, 3, 6, 8,
+per_tensor as group 0; CASE.group then holds the output channels).
 """
 import argparse
 import json
@@ -57,7 +59,21 @@ def small_cases():
     yield "fp32_student_t3_32x320", rng.standard_t(3, (32, 320)) * 0.02, 32, f32      # 10,240 but fp32: sklearn
 
 
-def palettize(name, w, group=32, mlpackage=None):
+def mode_cases():
+    """(name, fp16 weight, config): other settings a Core ML port may ship; group 0 = per_tensor."""
+    rng = np.random.default_rng(4802)
+    yield "nbits2_32x64", rng.standard_normal((32, 64)) * 0.02, {"mode": "kmeans", "nbits": 2, "group": 32}
+    yield "nbits8_32x64", rng.standard_t(3, (32, 64)) * 0.02, {"mode": "kmeans", "nbits": 8, "group": 32}
+    yield "nbits8_32x320", rng.standard_normal((32, 320)) * 0.02, {"mode": "kmeans", "nbits": 8, "group": 32}
+    yield "nbits3_32x320", rng.standard_normal((32, 320)) * 0.02, {"mode": "kmeans", "nbits": 3, "group": 32}
+    yield "per_tensor_48x64", rng.standard_normal((48, 64)) * 0.02, {"mode": "kmeans", "nbits": 4, "group": 0}
+    yield "per_tensor_48x256", rng.standard_normal((48, 256)) * 0.02, {"mode": "kmeans", "nbits": 6, "group": 0}
+    yield "uniform4_64x96", rng.standard_normal((64, 96)) * 0.02, {"mode": "uniform", "nbits": 4, "group": 32}
+    yield "uniform8_32x64", rng.standard_t(3, (32, 64)) * 0.02, {"mode": "uniform", "nbits": 8, "group": 0}
+    yield "unique_64x40", rng.integers(-20, 21, (64, 40)) / 256, {"mode": "unique", "nbits": None, "group": 32}
+
+
+def palettize(name, w, group=32, mlpackage=None, mode="kmeans", nbits=4):
     """w [out, in] (fp16: an fp16 model, fp32: an fp32 one) -> (lut [groups, 16], indices [out, in]) from
     coremltools itself (a one-layer program)."""
     fp16 = w.dtype == np.float16
@@ -68,8 +84,8 @@ def palettize(name, w, group=32, mlpackage=None):
         return mb.linear(x=x, weight=w, name=name)
     m = ct.convert(prog, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS18,
                    compute_precision=ct.precision.FLOAT16 if fp16 else ct.precision.FLOAT32, skip_model_load=True)
-    op = ct.optimize.coreml.OpPalettizerConfig(mode="kmeans", nbits=4, granularity="per_grouped_channel",
-                                               group_size=group, weight_threshold=1)
+    gran = {"granularity": "per_grouped_channel", "group_size": group} if group else {"granularity": "per_tensor"}
+    op = ct.optimize.coreml.OpPalettizerConfig(mode=mode, nbits=nbits, weight_threshold=1, **gran)
     pm = ct.optimize.coreml.palettize_weights(m, ct.optimize.coreml.OptimizationConfig(global_config=op))
     if mlpackage:
         pm.save(mlpackage)
@@ -113,6 +129,18 @@ def main():
                 tensors[f"{name}.t{t}.lut"] = lut
                 tensors[f"{name}.t{t}.indices"] = idx
             n += 1
+        modes = {}
+        for name, w, cfg in mode_cases():
+            w = w.astype(np.float16)
+            with threadpool_limits(limits=1, user_api="openmp"):
+                lut, idx = palettize(name, w, cfg["group"], mode=cfg["mode"], nbits=cfg["nbits"])
+            tensors[name + ".weight"] = w
+            tensors[name + ".group"] = np.array([cfg["group"] or w.shape[0]], np.int32)
+            tensors[name + ".t1.lut"] = lut.astype(np.float16)
+            tensors[name + ".t1.indices"] = idx.astype(np.uint8)
+            modes[name] = cfg
+            n += 1
+        meta["modes"] = json.dumps(modes)
     else:
         meta["config"] = json.dumps({"mode": "kmeans", "nbits": 4, "granularity": "per_grouped_channel",
                                      "group_size": 32, "compute_precision": "FLOAT16"})
@@ -125,7 +153,7 @@ def main():
         n = len(named)
     from safetensors.numpy import save_file
     save_file(tensors, a.out, metadata=meta)
-    print(f"wrote {a.out}: {n} cases, {', '.join(f'{k} {v}' for k, v in meta.items() if k != 'config')}")
+    print(f"wrote {a.out}: {n} cases, {', '.join(f'{k} {v}' for k, v in meta.items() if k not in ('config', 'modes'))}")
 
 
 if __name__ == "__main__":

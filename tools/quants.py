@@ -402,16 +402,42 @@ def sklearn_kmeans(values, k=16, n_threads=1, seed=0, tol=1e-2, max_iter=300):
     return centers[:, 0], labels
 
 
-def palettize_group(g, nbits=4, n_threads=1):
-    """One group as coremltools' kmeans palettization computes it -> (table [2**nbits] in g's dtype, index per
-    weight). An fp16 group of >= 10,000 values: kmeans1d over its distinct values weighted by their counts
-    (kmeans1d_weighted); any other group (smaller, or an fp32 model's): scikit-learn's KMeans
-    (sklearn_kmeans, min(size, 2**nbits) clusters). The table: the centers in float64, zeros after them, cast
-    to the weight's dtype."""
+PAL_NBITS = (1, 2, 3, 4, 6, 8)   # coremltools' palettize_weights._SUPPORTED_NBITS
+
+
+def palettize_group(g, nbits=4, n_threads=1, mode="kmeans"):
+    """One group as coremltools' palettization computes it -> (table [2**nbits] in g's dtype, index per
+    weight). The weight's dtype is the model's: float16 (an fp16 model) or float32.
+    mode "kmeans": an fp16 group of >= 10,000 values: kmeans1d over its distinct values weighted by their
+      counts (kmeans1d_weighted); any other group (smaller, or an fp32 model's): scikit-learn's KMeans
+      (sklearn_kmeans, min(size, 2**nbits) clusters). The table: the centers in float64, zeros after them,
+      cast to the weight's dtype.
+    mode "uniform" (compress_uniform): 2**nbits evenly spaced entries min + i * (max - min) / (2**nbits - 1)
+      (the step in the weight's dtype, the entries in float64, then cast), index round((w - min) / (max - min)
+      * (2**nbits - 1)) in the weight's dtype, half to even. A constant group is refused (coremltools divides
+      by zero there).
+    mode "unique" (compress_unique): the sorted distinct values, zeros after them; nbits must hold them all."""
     g = np.asarray(g)
     dt = np.float32 if g.dtype == np.float32 else np.float16
     g = g.astype(dt).ravel()
+    if mode == "uniform":
+        lo, hi = np.amin(g), np.amax(g)
+        if lo == hi:
+            raise NotQuantizable("uniform palettization of a constant group (coremltools divides by zero)")
+        levels = (1 << nbits) - 1
+        step = (hi - lo) / dt(levels)
+        idx = np.round(((g - lo) / (hi - lo)) * dt(levels)).astype(np.uint8)
+        lut = np.arange(1 << nbits, dtype=np.int64) * step + lo          # int64 * scalar: float64
+        return lut.astype(dt), idx
     lut = np.zeros(1 << nbits)
+    if mode == "unique":
+        values, idx = np.unique(g, return_inverse=True)
+        if len(values) > 1 << nbits:
+            raise NotQuantizable(f"{len(values)} distinct values do not fit {nbits} bits")
+        lut[:len(values)] = values
+        return lut.astype(dt), idx.ravel()
+    if mode != "kmeans":
+        raise ValueError(f"unknown palettization mode {mode!r} (kmeans, uniform, unique)")
     if dt == np.float16 and g.size >= KMEANS1D_MIN:
         values, inverse, counts = np.unique(g, return_inverse=True, return_counts=True)
         clusters, centroids = kmeans1d_weighted(values, counts, 1 << nbits)
@@ -422,11 +448,22 @@ def palettize_group(g, nbits=4, n_threads=1):
     return lut.astype(dt), labels
 
 
-def int4_pal(x, group=PAL_GROUP, lut_dtype="float16", method="coremltools", nbits=4, n_threads=1):
+def unique_nbits(groups):
+    """coremltools' nbits for mode "unique": the smallest of PAL_NBITS that holds every group's distinct
+    values (the largest over the op's groups)."""
+    need = max(len(np.unique(np.asarray(g))) for g in groups)
+    for b in PAL_NBITS:
+        if need <= 1 << b:
+            return b
+    raise NotQuantizable(f"{need} distinct values: more than 8 bits (coremltools skips the op)")
+
+
+def int4_pal(x, group=PAL_GROUP, lut_dtype="float16", method="coremltools", nbits=4, n_threads=1, mode="kmeans"):
     """x [..., out, in] -> its palettization (float32 values), groups of `group` output channels (group = out:
-    coremltools' per_tensor). method "coremltools": palettize_group on each group, the weight in lut_dtype
-    (float16: an fp16 model; float32: an fp32 one); n_threads: sklearn's threads on the machine that ran
-    coremltools (small groups only). method "lloyd": the former approximation (nbits 4 only)."""
+    coremltools' per_tensor). method "coremltools": palettize_group on each group (mode kmeans, uniform or
+    unique; for unique nbits is coremltools' choice, unique_nbits), the weight in lut_dtype (float16: an fp16
+    model; float32: an fp32 one); n_threads: sklearn's threads on the machine that ran coremltools (kmeans,
+    small groups only). method "lloyd": the former approximation (kmeans, nbits 4 only)."""
     if x.ndim < 2:
         raise NotQuantizable("palettization needs a matrix")
     m = x.reshape(-1, x.shape[-2], x.shape[-1])    # [E, out, in]
@@ -436,12 +473,15 @@ def int4_pal(x, group=PAL_GROUP, lut_dtype="float16", method="coremltools", nbit
     g = m.reshape(E * out // group, group * inn)
     res = np.empty(g.shape, np.float32)
     if method == "coremltools":
+        per_op = g.shape[0] // E                   # groups per linear layer (one op each)
         for i in range(g.shape[0]):
-            lut, idx = palettize_group(g[i].astype(lut_dtype), nbits, n_threads)
+            if mode == "unique" and i % per_op == 0:
+                nbits = unique_nbits(g[i:i + per_op].astype(lut_dtype))
+            lut, idx = palettize_group(g[i].astype(lut_dtype), nbits, n_threads, mode)
             res[i] = lut[idx]
         return res.reshape(x.shape)
-    if method != "lloyd" or nbits != 4:
-        raise ValueError(f"int4_pal: unknown method {method!r} (coremltools, or lloyd with nbits 4)")
+    if method != "lloyd" or nbits != 4 or mode != "kmeans":
+        raise ValueError(f"int4_pal: unknown method {method!r} (coremltools, or lloyd with kmeans and nbits 4)")
     step = max(1, (1 << 22) // g.shape[1])         # groups per k-means batch (bounded memory)
     for a in range(0, g.shape[0], step):
         lut = _kmeans_1d(g[a:a + step].astype(np.float64)).astype(np.float32)
