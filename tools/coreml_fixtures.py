@@ -15,8 +15,8 @@ given to coremltools) and CASE.palettized (table[group][index], fp16, what the m
 --mlpackage also saves the first palettized model (for tools/coreml_weights.py).
 
 --small: cases whose groups go to scikit-learn's KMeans (fp16 groups of 32 to 9,999 values, ties, fewer
-distinct values than 16, the ZAYA1-8B router MLP's 256 x 256 fc1 / fc2, fp32 models) and one at exactly
-10,000 (kmeans1d): CASE.weight (fp16 or fp32), CASE.group (group size along axis 0) and, for sklearn's
+distinct values than 16, 99 % zeros, a constant group, the ZAYA1-8B router MLP's 256 x 256 fc1 / fc2,
+fp32 models) and one at exactly 10,000 (kmeans1d): CASE.weight (fp16 or fp32), CASE.group (group size along axis 0) and, for sklearn's
 OpenMP thread counts T = 1 and 2 (threadpoolctl), CASE.tT.lut [groups, 16] (the weight's dtype) and
 CASE.tT.indices [out, in] (uint8); the t2 pair only where 2 threads gave another result than 1. And, with 1
 thread, the other settings a port may ship (metadata "modes": mode kmeans / uniform / unique, nbits 2, 3, 6, 8,
@@ -57,6 +57,9 @@ def small_cases():
     yield "router_fc2_256x256", rng.standard_normal((256, 256)) * 0.02, 32, f16
     yield "fp32_normal_32x64", rng.standard_normal((32, 64)) * 0.02, 32, f32          # fp32 model: sklearn in f32
     yield "fp32_student_t3_32x320", rng.standard_t(3, (32, 320)) * 0.02, 32, f32      # 10,240 but fp32: sklearn
+    pruned = rng.standard_normal((32, 160)) * 0.05 * (rng.random((32, 160)) < 0.01)   # 99 % zeros
+    yield "mostly_zero_32x160", pruned, 32, f16
+    yield "constant_32x64", np.zeros((32, 64)), 32, f16                                # one value: 16 equal centers
 
 
 def mode_cases():
