@@ -4,13 +4,13 @@ coremltools hands to scikit-learn's KMeans (numpy only; no coremltools, no sciki
 
 test/fixtures/coreml/palettized_small.safetensors (tools/coreml_fixtures.py --small; coremltools 9.0,
 scikit-learn 1.9.1): each case is one linear weight palettized by coremltools' palettize_weights(kmeans, 4 bits,
-per_grouped_channel, CASE.group channels per group), for scikit-learn's OpenMP thread counts 1 and 2. Per
-case and thread count, quants.palettize_group on each group must give the same table (fp16 or fp32 bits, in
-coremltools' order) and the same index of every weight: fp16 groups of 32, 200, 2,048, 9,999 values, ties,
-11 distinct values for 16 entries, 99 % zeros, a constant group, the ZAYA1-8B router MLP's 256 x 256 (8,192
-per group), fp32 models (sklearn in float32, even at 10,240 values), and 10,000 fp16 values (kmeans1d's side of
-the threshold). With 1 thread, other settings (metadata "modes"): kmeans with 2, 3, 6 and 8 bits, per_tensor, "uniform" (4 and
-8 bits) and "unique" (nbits chosen as coremltools does).
+per_grouped_channel, CASE.group channels per group), for scikit-learn's OpenMP thread counts 1 and 2. Per case
+and thread count, quants.palettize_group on each group must give the same table (fp16 or fp32 bits, in
+coremltools' order) and the same index of every weight: fp16 groups of 32, 200, 2,048, 9,999 values, ties, 11
+distinct values for 16 entries, 99 % zeros, a constant group, the ZAYA1-8B router MLP's 256 x 256 (8,192 per
+group), fp32 models (sklearn in float32, even at 10,240 values), and 10,000 fp16 values (kmeans1d's side of the
+threshold). With 1 thread, other settings (metadata "modes"): kmeans with 2, 3, 6 and 8 bits, per_tensor,
+"uniform" (4 and 8 bits) and "unique" (nbits chosen as coremltools does).
 """
 import json
 import os

@@ -6,12 +6,13 @@ sklearn_kmeans; test/test_quant_sensitivity.py and test/test_coreml_pal.py again
 
 coremltools (apple/coremltools, coremltools/optimize/coreml/_quantization_passes.py,
 _get_kmeans_lookup_table_and_weight) palettizes a group of an fp16 weight holding >= 10,000 values with
-kmeans1d: the OPTIMAL 1-D k-means over the group's unique values weighted by their counts; other groups
-with scikit-learn's KMeans (k-means++, n_init=1, tol=1e-2, random_state=0). With per_grouped_channel,
-group_size=32 every group of 32 output channels is 32 x in values: >= 10,000 for in >= 313 (every ZAYA1-8B
-matrix but the router MLP's 256 x 256 and the CCA convolutions' [1280, 128, 2] and [1280, 1, 2]). This tool computes the optimum exactly (dynamic programming, divide and
-conquer over the monotone split point) and prints the weight MSE of the Lloyd k-means for a few iteration
-counts, and of scikit-learn's k-means++ when 32 x in < 10,000 (e.g. --in 256), against it, on fp16 groups.
+kmeans1d: the OPTIMAL 1-D k-means over the group's unique values weighted by their counts; other groups with
+scikit-learn's KMeans (k-means++, n_init=1, tol=1e-2, random_state=0). With per_grouped_channel, group_size=32
+every group of 32 output channels is 32 x in values: >= 10,000 for in >= 313 (every ZAYA1-8B matrix but the
+router MLP's 256 x 256 and the CCA convolutions' [1280, 128, 2] and [1280, 1, 2]). This tool computes the
+optimum exactly (dynamic programming, divide and conquer over the monotone split point) and prints the weight
+MSE of the Lloyd k-means for a few iteration counts, and of scikit-learn's k-means++ when 32 x in < 10,000 (e.g.
+--in 256), against it, on fp16 groups.
 
     /usr/bin/python3 tools/check_int4_pal.py [--in 2048] [--seed 0]
 """

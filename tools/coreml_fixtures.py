@@ -14,10 +14,10 @@ Default cases (fp16, every group >= 10,000 values: coremltools' kmeans1d path): 
 given to coremltools) and CASE.palettized (table[group][index], fp16, what the model computes with).
 --mlpackage also saves the first palettized model (for tools/coreml_weights.py).
 
---small: cases whose groups go to scikit-learn's KMeans (fp16 groups of 32 to 9,999 values, ties, fewer
-distinct values than 16, 99 % zeros, a constant group, the ZAYA1-8B router MLP's 256 x 256 fc1 / fc2,
-fp32 models) and one at exactly 10,000 (kmeans1d): CASE.weight (fp16 or fp32), CASE.group (group size along axis 0) and, for sklearn's
-OpenMP thread counts T = 1 and 2 (threadpoolctl), CASE.tT.lut [groups, 16] (the weight's dtype) and
+--small: cases whose groups go to scikit-learn's KMeans (fp16 groups of 32 to 9,999 values, ties, fewer distinct
+values than 16, 99 % zeros, a constant group, the ZAYA1-8B router MLP's 256 x 256 fc1 / fc2, fp32 models) and
+one at exactly 10,000 (kmeans1d): CASE.weight (fp16 or fp32), CASE.group (group size along axis 0) and, for
+sklearn's OpenMP thread counts T = 1 and 2 (threadpoolctl), CASE.tT.lut [groups, 16] (the weight's dtype) and
 CASE.tT.indices [out, in] (uint8); the t2 pair only where 2 threads gave another result than 1. And, with 1
 thread, the other settings a port may ship (metadata "modes": mode kmeans / uniform / unique, nbits 2, 3, 6, 8,
 per_tensor as group 0; CASE.group then holds the output channels).

@@ -23,9 +23,10 @@ Types:
              kmeans1d (coremltools' own copy, deps/kmeans1d: the optimal 1-D k-means by Gronlund et al.'s
              dynamic programming); kmeans1d_weighted() is that algorithm step by step in float64;
            - any other group (smaller: ZAYA1-8B's router MLP 256 x 256 and CCA conv_qk_grouped [1280, 128, 2],
-             8,192 values, conv_qk_depthwise [1280, 1, 2], 64; or an fp32 model's): scikit-learn's KMeans(k-means++, n_init=1, tol=1e-2, random_state=0) on the values
-             (fp16 -> float64); sklearn_kmeans() is scikit-learn 1.9.1's algorithm step by step, including
-             its OpenMP thread count's summation order (n_threads; 1 and 2 threads checked).
+             8,192 values, conv_qk_depthwise [1280, 1, 2], 64; or an fp32 model's): scikit-learn's
+             KMeans(k-means++, n_init=1, tol=1e-2, random_state=0) on the values (fp16 -> float64);
+             sklearn_kmeans() is scikit-learn 1.9.1's algorithm step by step, including its OpenMP thread
+             count's summation order (n_threads; 1 and 2 threads checked).
            The table = the centers cast to the weight's dtype, each weight = its cluster's entry. Checked
            on groups palettized by coremltools 9.0 itself (tools/coreml_fixtures.py;
            test/test_quant_sensitivity.py, test/test_coreml_pal.py). int4_pal(nbits=, group=) gives the
