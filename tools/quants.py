@@ -421,6 +421,10 @@ def palettize_group(g, nbits=4, n_threads=1, mode="kmeans"):
     g = np.asarray(g)
     dt = np.float32 if g.dtype == np.float32 else np.float16
     g = g.astype(dt).ravel()
+    if not np.isfinite(g).all():
+        bad = np.flatnonzero(~np.isfinite(g))
+        raise NotQuantizable(f"{len(bad)} non-finite values in the group (first {g[bad[0]]} at {bad[0]}); "
+                             "not palettized (scikit-learn, coremltools' k-means for small groups, refuses them)")
     if mode == "uniform":
         lo, hi = np.amin(g), np.amax(g)
         if lo == hi:
@@ -478,7 +482,9 @@ def int4_pal(x, group=PAL_GROUP, lut_dtype="float16", method="coremltools", nbit
         for i in range(g.shape[0]):
             if mode == "unique" and i % per_op == 0:
                 nbits = unique_nbits(g[i:i + per_op].astype(lut_dtype))
-            lut, idx = palettize_group(g[i].astype(lut_dtype), nbits, n_threads, mode)
+            with np.errstate(over="ignore"):                # |w| > 65504 -> inf: refused below
+                gi = g[i].astype(lut_dtype)
+            lut, idx = palettize_group(gi, nbits, n_threads, mode)
             res[i] = lut[idx]
         return res.reshape(x.shape)
     if method != "lloyd" or nbits != 4 or mode != "kmeans":
