@@ -240,15 +240,15 @@ def kmeans1d_weighted(values, weights, k=16):
             mid = (lo + hi) // 2
             cnt = chi - clo + 1
             seg = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-            r = np.repeat(mid, cnt)
-            c = np.arange(cnt.sum()) - np.repeat(seg, cnt) + np.repeat(clo, cnt)
+            row = np.repeat(np.arange(len(mid)), cnt)           # each candidate's row (ascending)
+            r = mid[row]
+            c = np.arange(len(row)) - seg[row] + clo[row]
             col = np.where((c == 0) | (c >= r + 2), r, c - 1)
             inside = c <= r
             val = D[col] + np.where(inside, _cost(cw, cs, cs2, np.where(inside, c, r), r), 0.0)
             mins = np.minimum.reduceat(val, seg)
-            first = np.full(len(mid), len(val))
-            hit = np.flatnonzero(val == np.repeat(mins, cnt))
-            np.minimum.at(first, np.repeat(np.arange(len(mid)), cnt)[hit], hit)
+            hit = np.flatnonzero(val == mins[row])              # every row has one; the leftmost per row:
+            first = hit[np.searchsorted(row[hit], np.arange(len(mid)))]
             a = c[first]
             arg[mid], best[mid] = a, mins
             left, right = lo <= mid - 1, mid + 1 <= hi
