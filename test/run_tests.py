@@ -59,6 +59,7 @@ TESTS = [
     ("vl", [sys.executable, "test/test_vl.py"]),
     ("ggml_round", ["build/test_ggml_round", "test/test_ggml_round.c"]),
     ("ggml_capture", [sys.executable, "test/test_ggml_capture.py"]),
+    ("coreml_pal", [sys.executable, "test/test_coreml_pal.py"]),
 ]
 
 # started first when tests run in parallel (each takes minutes here)

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""How far a Lloyd k-means (tools/quants.py's int4_pal(method="lloyd"), its former INT4-pal) is from what
-coremltools computes. INT4-pal itself now is coremltools' result bit for bit (quants.kmeans1d_weighted,
-checked by test/test_quant_sensitivity.py against tools/coreml_fixtures.py's recording).
+"""How far a Lloyd k-means (tools/quants.py's int4_pal(method="lloyd"), its former INT4-pal) and, for groups under
+10,000 values, scikit-learn's k-means++ (what coremltools runs there) are from the optimal 1-D k-means.
+INT4-pal itself is coremltools' result bit for bit (quants.palettize_group: kmeans1d_weighted or
+sklearn_kmeans; test/test_quant_sensitivity.py and test/test_coreml_pal.py against tools/coreml_fixtures.py).
 
 coremltools (apple/coremltools, coremltools/optimize/coreml/_quantization_passes.py,
 _get_kmeans_lookup_table_and_weight) palettizes a group of an fp16 weight holding >= 10,000 values with
-kmeans1d: the OPTIMAL 1-D k-means over the group's unique values weighted by their counts (for other
-weights scikit-learn's KMeans, k-means++, n_init=1, tol=1e-2, random_state=0). With
-per_grouped_channel, group_size=32 every group of 32 output channels is 32 x in values (>= 10,000 for any
-ZAYA1 matrix), so a Core ML fp16 model's LUT is the optimal one. This tool computes that optimum exactly
-(dynamic programming, divide and conquer over the monotone split point) and prints the weight MSE of
-tools/quants.py's Lloyd k-means against it, for a few iteration counts, on fp16 groups of 32 x 2048.
+kmeans1d: the OPTIMAL 1-D k-means over the group's unique values weighted by their counts; other groups with
+scikit-learn's KMeans (k-means++, n_init=1, tol=1e-2, random_state=0). With per_grouped_channel, group_size=32
+every group of 32 output channels is 32 x in values: >= 10,000 for in >= 313 (every ZAYA1-8B matrix but the
+router MLP's 256 x 256 and the CCA convolutions' [1280, 128, 2] and [1280, 1, 2]). This tool computes the
+optimum exactly (dynamic programming, divide and conquer over the monotone split point) and prints the weight
+MSE of the Lloyd k-means for a few iteration counts, and of scikit-learn's k-means++ when 32 x in < 10,000 (e.g.
+--in 256), against it, on fp16 groups.
 
     /usr/bin/python3 tools/check_int4_pal.py [--in 2048] [--seed 0]
 """
@@ -94,6 +96,10 @@ def main():
         for it in (quants.KMEANS_ITERS, 50, 300):
             ratio = mse_with_lut(g, quants._kmeans_1d(g[None, :], iters=it)[0]) / best
             print(f"| {name} | {it} | {ratio:.4f} |")
+        if len(g) < quants.KMEANS1D_MIN:
+            lut, idx = quants.palettize_group(g.astype(np.float16))
+            ratio = float(np.mean((lut[idx].astype(np.float64) - g) ** 2)) / best
+            print(f"| {name} | scikit-learn k-means++ (coremltools' choice here), fp16 table | {ratio:.4f} |")
         print(f"| {name} | optimal (kmeans1d, {dt:.1f} s) | 1 (relative MSE {best / np.mean(g * g):.3e}) |")
 
 

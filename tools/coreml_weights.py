@@ -3,7 +3,7 @@
 (needs coremltools; optional: nothing else in zaya.c uses it).
 
     /work/venv/bin/python tools/coreml_weights.py MODEL.mlpackage PORT.safetensors --checkpoint CKPT_DIR
-                                                 [--map NAMES.json] [--all]
+                                                 [--map NAMES.json] [--all] [--check [--threads 1,2]]
     python3 export_weights.py CKPT_DIR PORTWEIGHTS.bin --weights PORT.safetensors
 
 Reads the ML program (coremltools' MIL loader; no Core ML runtime, so it runs on Linux) and materializes
@@ -16,6 +16,15 @@ after removing coremltools' suffixes, is matched against the checkpoint's tensor
 them); --map NAMES.json ({"coreml name": "HF name"}) names the others. --all also writes uncompressed fp16
 weights that match. A [out, in] weight must have the HF shape (export_weights.py refuses another one); a
 port that splits or stacks tensors (the experts) needs --map per piece and its own stacking.
+
+--check: for each palettized [out, in] weight (a table per group of output channels), palettizes the
+checkpoint's own tensor (cast to the weight's dtype, as the converter does) with tools/quants.py - coremltools'
+kmeans palettization reproduced (kmeans1d, or scikit-learn's KMeans with --threads OpenMP threads) - with the
+ML program's group size and bit width, and prints per weight whether the port's values are that result bit for
+bit (`MATCH`, with the thread count) or how far they are (`DIFFER`: values that differ, max |difference|).
+A DIFFER means another source tensor, another palettization setting (uniform, per-channel scale, vector
+palettization, a custom table, an earlier quantization), another coremltools / scikit-learn, or scikit-learn run
+with 3 threads or more (not repeatable: docs/quantization.md). Exits 1 when any weight differs.
 """
 import argparse
 import json
@@ -48,6 +57,9 @@ def main():
     ap.add_argument("--checkpoint", required=True, help="the checkpoint folder the model was converted from")
     ap.add_argument("--map", default=None, help="JSON {coreml weight name: HF name}")
     ap.add_argument("--all", action="store_true", help="also the uncompressed weights whose names match")
+    ap.add_argument("--check", action="store_true",
+                    help="compare each palettized weight with tools/quants.py's palettization of the checkpoint")
+    ap.add_argument("--threads", default="1,2", help="scikit-learn thread counts to try with --check (default 1,2)")
     a = ap.parse_args()
     import coremltools as ct
     from coremltools.converters.mil.frontend.milproto.load import load as load_mil
@@ -58,7 +70,7 @@ def main():
     expected = expected_names(a.checkpoint)
     by_flat = {n.replace(".", "_"): n for n in expected}
     names = json.load(open(a.map)) if a.map else {}
-    out, unmatched, kinds = {}, [], {}
+    out, unmatched, kinds, luts = {}, [], {}, {}
     for f in prog.functions.values():
         for op in f.operations:
             if op.op_type.startswith("constexpr_"):
@@ -80,6 +92,8 @@ def main():
                 sys.exit(f"coreml_weights.py: error: two Core ML weights map to {hf} (the second: {op.name})")
             out[hf] = np.ascontiguousarray(value)
             kinds[op.op_type] = kinds.get(op.op_type, 0) + 1
+            if op.op_type == "constexpr_lut_to_dense" and value.ndim == 2:
+                luts[hf] = np.asarray(op.lut.val).shape
     if not out:
         sys.exit(f"coreml_weights.py: error: no weight of {a.mlpackage} matched a tensor of {a.checkpoint}\n"
                  f"  found: {', '.join(unmatched[:5])}\n  hint: give --map NAMES.json")
@@ -87,6 +101,50 @@ def main():
     print(f"wrote {a.out}: {len(out)} weights (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")"
           + (f"; not matched: {len(unmatched)} ({', '.join(unmatched[:3])}{' ...' if len(unmatched) > 3 else ''})"
              if unmatched else ""))
+    if a.check:
+        sys.exit(check(a.checkpoint, out, luts, [int(t) for t in a.threads.split(",")]))
+
+
+def check(ckpt, out, luts, threads):
+    """Prints MATCH / DIFFER per palettized weight (see --check); returns the exit status."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import quants
+    from quant_sensitivity import Checkpoint
+    ck, differ = Checkpoint(ckpt), 0
+    if not luts:
+        print("check: no palettized [out, in] weight to check")
+        return 1
+    for hf in sorted(luts):
+        value, shape = out[hf], luts[hf]               # lut: [out groups, in groups, entries, vector]
+        if len(shape) != 4 or shape[1] != 1 or shape[3] != 1 or value.shape[0] % shape[0]:
+            print(f"SKIP {hf}: table shape {list(shape)} (only tables per group of output channels are checked)")
+            continue
+        group, nbits = value.shape[0] // shape[0], int(np.log2(shape[2]))
+        w = ck.get(hf).astype(value.dtype)
+        got = value.astype(np.float32)
+        small = value.dtype != np.float16 or group * value.shape[1] < quants.KMEANS1D_MIN   # scikit-learn's path
+        results = []                                   # (differing values, threads, max |difference|)
+        try:
+            for t in (threads if small else threads[:1]):
+                mine = quants.int4_pal(w, group=group, lut_dtype=value.dtype, nbits=nbits, n_threads=t)
+                results.append((int((mine.view(np.uint32) != got.view(np.uint32)).sum()), t,
+                                float(np.abs(mine - got).max())))
+        except quants.NotQuantizable as e:
+            print(f"SKIP {hf}: {e}")
+            continue
+        what = f"{hf} [{value.shape[0]}, {value.shape[1]}], groups of {group}, {nbits} bits, {value.dtype}"
+        same = [t for n, t, _ in results if n == 0]
+        if same:
+            how = (f"scikit-learn with {' or '.join(map(str, same))} thread(s)" if small
+                   else "kmeans1d: groups of >= 10,000 fp16 values")
+            print(f"MATCH {what}: coremltools' kmeans palettization of the checkpoint, bit for bit ({how})")
+        else:
+            differ += 1
+            n, t, d = min(results)
+            print(f"DIFFER {what}: {n} of {value.size} values differ (max |difference| {d:.3g}"
+                  + (f", closest with {t} thread(s)" if small else "") + "); hint: another source tensor or setting "
+                  "(see --help)")
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ zaya.c on the result, and measure against the exact model (KL divergence, top-1 
 CKPT_DIR is a native-layout checkpoint folder (export_weights.py reads it). For every (group, type) the
 group's matrices are quantized and dequantized to float32 by tools/quants.py (Q8_0, Q4_0, Q4_K as
 ggml's reference quantizers, i.e. llama-quantize without an imatrix; INT4-pal as Core ML's 4-bit
-per-grouped-channel palettization, groups of 32 output channels), written under their HF names to
+per-grouped-channel palettization, groups of 32 output channels, as coremltools computes it on an fp16
+model: kmeans1d or, for groups under 10,000 values, scikit-learn's KMeans with 1 thread, bit for bit),
+written under their HF names to
 WORK/port.safetensors, exported with `export_weights.py CKPT WORK/q.bin --weights WORK/port.safetensors`
 and run by `zaya WORK/q.bin --ids ... -n 0 --dump ... --dump-filter '^logits$'`. The exact model is the
 checkpoint's own blob, run on the same ids. Everything else stays as the checkpoint has it.

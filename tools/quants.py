@@ -18,13 +18,19 @@ Types:
            channels (axis 0 of a [out, in] weight; a [E, out, in] expert tensor is E linear layers) shares
            one look-up table of 16 fp16 values; as coremltools computes it (optimize/coreml/
            _quantization_passes.py -> models/neural_network/quantization_utils.py
-           _get_kmeans_lookup_table_and_weight): the group's weights in fp16, their distinct values weighted
-           by their counts, clustered by kmeans1d (coremltools' own copy, deps/kmeans1d: the optimal 1-D
-           k-means by Gronlund et al.'s dynamic programming), the table = the clusters' weighted means cast
-           to fp16, each weight = its cluster's entry. kmeans1d_weighted() below is that algorithm step by
-           step in float64 (the same prefix sums, cost formula, leftmost arg-min, incremental mean): its
-           tables and assignments equal coremltools' bit for bit (test/test_quant_sensitivity.py, on groups
-           palettized by coremltools 9.0 itself; tools/coreml_fixtures.py).
+           _get_kmeans_lookup_table_and_weight), bit for bit for every group (palettize_group):
+           - an fp16 group of >= 10,000 values: its distinct values weighted by their counts, clustered by
+             kmeans1d (coremltools' own copy, deps/kmeans1d: the optimal 1-D k-means by Gronlund et al.'s
+             dynamic programming); kmeans1d_weighted() is that algorithm step by step in float64;
+           - any other group (smaller: ZAYA1-8B's router MLP 256 x 256 and CCA conv_qk_grouped [1280, 128, 2],
+             8,192 values, conv_qk_depthwise [1280, 1, 2], 64; or an fp32 model's): scikit-learn's
+             KMeans(k-means++, n_init=1, tol=1e-2, random_state=0) on the values (fp16 -> float64);
+             sklearn_kmeans() is scikit-learn 1.9.1's algorithm step by step, including its OpenMP thread
+             count's summation order (n_threads; 1 and 2 threads checked).
+           The table = the centers cast to the weight's dtype, each weight = its cluster's entry. Checked
+           on groups palettized by coremltools 9.0 itself (tools/coreml_fixtures.py;
+           test/test_quant_sensitivity.py, test/test_coreml_pal.py). int4_pal(nbits=, group=) gives the
+           other bit widths and per_tensor (group = out channels) of the same kmeans mode.
 
 The ggml types follow ggml/src/ggml-quants.c step by step in float32 (sums accumulated in the C
 loop's order, fp16 by round-to-nearest-even, nearest_int = round half to even, roundf = half away from
@@ -33,11 +39,8 @@ ggml's ne0. A last axis that is not a multiple of the block (32, or 256 for Q4_K
 that type; fake_quant raises NotQuantizable (llama.cpp falls back to another type for such tensors).
 Checked against values ggml computed: test/test_quant_sensitivity.py (rows of test/fixtures/gguf/).
 
-coremltools takes kmeans1d only for an fp16 group of >= 10,000 values (every ZAYA1-8B matrix but the router
-MLP's 256 x 256: 8,192); for a smaller group, or an fp32 model, it runs scikit-learn's KMeans (k-means++,
-n_init=1, tol=1e-2, random_state=0), which is not reproduced here: INT4-pal uses kmeans1d for every group
-(the optimum that k-means++ approaches). int4_pal(..., method="lloyd") is the former approximation (12
-Lloyd iterations from quantiles, float32 table; weight MSE 1.25x-2.6x the optimum, tools/check_int4_pal.py).
+int4_pal(..., method="lloyd") is the former approximation (12 Lloyd iterations from quantiles, float32 table;
+weight MSE 1.25x-2.6x the optimum, tools/check_int4_pal.py).
 """
 
 import numpy as np
@@ -237,15 +240,15 @@ def kmeans1d_weighted(values, weights, k=16):
             mid = (lo + hi) // 2
             cnt = chi - clo + 1
             seg = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-            r = np.repeat(mid, cnt)
-            c = np.arange(cnt.sum()) - np.repeat(seg, cnt) + np.repeat(clo, cnt)
+            row = np.repeat(np.arange(len(mid)), cnt)           # each candidate's row (ascending)
+            r = mid[row]
+            c = np.arange(len(row)) - seg[row] + clo[row]
             col = np.where((c == 0) | (c >= r + 2), r, c - 1)
             inside = c <= r
             val = D[col] + np.where(inside, _cost(cw, cs, cs2, np.where(inside, c, r), r), 0.0)
             mins = np.minimum.reduceat(val, seg)
-            first = np.full(len(mid), len(val))
-            hit = np.flatnonzero(val == np.repeat(mins, cnt))
-            np.minimum.at(first, np.repeat(np.arange(len(mid)), cnt)[hit], hit)
+            hit = np.flatnonzero(val == mins[row])              # every row has one; the leftmost per row:
+            first = hit[np.searchsorted(row[hit], np.arange(len(mid)))]
             a = c[first]
             arg[mid], best[mid] = a, mins
             left, right = lo <= mid - 1, mid + 1 <= hi
@@ -268,18 +271,204 @@ def kmeans1d_weighted(values, weights, k=16):
     return clusters, centroids
 
 
-def palettize_group(g, nbits=4):
-    """One group as coremltools palettizes an fp16 weight: -> (fp16 table [2**nbits], index per weight)."""
-    g = np.asarray(g, np.float16).ravel()
-    values, inverse, counts = np.unique(g, return_inverse=True, return_counts=True)
-    clusters, centroids = kmeans1d_weighted(values, counts, 1 << nbits)
+KMEANS1D_MIN = 10_000      # coremltools: kmeans1d for an fp16 group of at least this many values
+SKLEARN_CHUNK = 256        # sklearn.cluster._k_means_common.CHUNK_SIZE: samples per Lloyd chunk
+
+
+def _sk_sqdist(A, X, xsq, dt):
+    """sklearn's _euclidean_distances(A, X, Y_norm_squared=xsq, squared=True) for one-feature rows: float64 as
+    -2 * A.X^T + |a|^2 + |x|^2 in that order; float32 data upcast to float64 (norms recomputed), rounded back."""
+    if dt == np.float32:
+        A, X = A.astype(np.float64), X.astype(np.float64)
+        xsq = np.einsum("ij,ij->i", X, X)
+    d = -2 * (A @ X.T)
+    d += np.einsum("ij,ij->i", A, A)[:, None]
+    d += xsq[None, :]
+    d = d.astype(dt, copy=False)
+    np.maximum(d, 0, out=d)
+    return d
+
+
+def _sk_labels(X, centers):
+    """lloyd's E step (_update_chunk_dense): argmin over j of |c_j|^2 + (-2 x c_j) (the gemm with beta 1),
+    the first of equal distances."""
+    c2 = np.einsum("ij,ij->i", centers, centers)
+    return np.argmin(c2[None, :] + (-2 * (X @ centers.T)), axis=1).astype(np.int32)
+
+
+def _sk_cluster_sums(labels, x, k, dt, n_threads):
+    """lloyd_iter_chunked_dense's M-step sums: chunks of 256 samples, OpenMP's static split of the chunks over
+    n_threads threads (the first n_chunks % T threads take one more), each thread summing its samples in
+    order into its own buffer, the buffers added to zero in thread order (for T >= 3 sklearn adds them in
+    the order the threads finish: not deterministic; T = 1 or 2 is)."""
+    n = len(x)
+    chunk = SKLEARN_CHUNK if n > SKLEARN_CHUNK else n
+    n_chunks = -(-n // chunk)
+    T = min(n_threads, n_chunks)
+    q, r = divmod(n_chunks, T)
+    sums, weights = np.zeros(k, dt), np.zeros(k, dt)
+    c0 = 0
+    for t in range(T):
+        c1 = c0 + q + (t < r)
+        a, b = c0 * chunk, min(c1 * chunk, n)
+        if dt == np.float64:                       # bincount adds in order, in float64
+            part = np.bincount(labels[a:b], weights=x[a:b], minlength=k)
+        else:                                      # ufunc.at adds in order, in the array's float32
+            part = np.zeros(k, dt)
+            np.add.at(part, labels[a:b], x[a:b])
+        sums += part
+        weights += np.bincount(labels[a:b], minlength=k).astype(dt)
+        c0 = c1
+    return sums, weights
+
+
+def sklearn_kmeans(values, k=16, n_threads=1, seed=0, tol=1e-2, max_iter=300):
+    """scikit-learn's KMeans(k, init="k-means++", n_init=1, tol=1e-2, random_state=0).fit(values[:, None])
+    as coremltools calls it (models/neural_network/quantization_utils.py, _get_kmeans_lookup_table_and_weight)
+    -> (cluster_centers_[:, 0], labels_), bit for bit: read from scikit-learn 1.9.1 (sklearn/cluster/_kmeans.py,
+    _k_means_lloyd.pyx, _k_means_common.pyx) and checked against it, 1 and 2 threads (docs/quantization.md).
+
+    values: 1-D; float16 is converted to float64 (KMeans' validate_data, dtype=[float64, float32]), float32
+    stays float32 (an fp32 model: every sum and distance in float32, k-means++ distances via float64).
+    n_threads: sklearn's OpenMP threads (_openmp_effective_n_threads(): the machine's cores, or
+    OMP_NUM_THREADS); it changes the M step's summation order, hence last bits of the centers.
+    Steps: tol scaled by the mean variance; the data centred on its mean; k-means++ (the first center by
+    RandomState(seed).choice with the weights, then 2 + int(log k) candidates per center drawn by uniform *
+    potential, searchsorted in the cumulative distances, the candidate with the smallest potential kept);
+    Lloyd: E step, M step sums (_sk_cluster_sums), empty clusters relocated to the farthest points, each center
+    sum times 1 / weight (an empty one copies the largest cluster's entry as it stands at that moment), stop
+    on unchanged labels or a squared center shift <= tol, then a last E step unless the labels were unchanged;
+    the mean added back to the centers."""
+    X = np.asarray(values)
+    dt = np.float32 if X.dtype == np.float32 else np.float64
+    X = X.astype(dt).reshape(-1, 1)                # a copy (copy_x)
+    n = X.shape[0]
+    if n < k:
+        raise ValueError(f"{n} values for {k} clusters (sklearn: n_samples should be >= n_clusters)")
+    tol = np.mean(np.var(X, axis=0)) * dt(tol)
+    mean = X.mean(axis=0)
+    X -= mean
+    xsq = np.einsum("ij,ij->i", X, X)
+    sw = np.ones(n, dt)
+    rs = np.random.RandomState(seed)
+    # k-means++ (_kmeans_plusplus)
+    trials = 2 + int(np.log(k))
+    centers = np.empty((k, 1), dt)
+    centers[0] = X[rs.choice(n, p=sw / sw.sum())]
+    closest = _sk_sqdist(centers[:1], X, xsq, dt)
+    pot = closest @ sw
+    for c in range(1, k):
+        ids = np.searchsorted(np.cumsum(sw * closest), rs.uniform(size=trials) * pot)
+        np.clip(ids, None, closest.size - 1, out=ids)
+        d = _sk_sqdist(X[ids], X, xsq, dt)
+        np.minimum(closest, d, out=d)
+        cand = d @ sw.reshape(-1, 1)
+        best = np.argmin(cand)
+        pot, closest = cand[best], d[best]
+        centers[c] = X[ids[best]]
+    # Lloyd (_kmeans_single_lloyd)
+    x = X[:, 0]
+    old = np.full(n, -1, np.int32)
+    converged = False
+    for _ in range(max_iter):
+        labels = _sk_labels(X, centers)
+        sums, weights = _sk_cluster_sums(labels, x, k, dt, n_threads)
+        empty = np.flatnonzero(weights == 0)
+        if len(empty):                             # _relocate_empty_clusters_dense
+            dist = ((X - centers[labels]) ** 2).sum(axis=1)
+            far = np.argpartition(dist, -len(empty))[:-len(empty) - 1:-1]
+            if np.max(dist) != 0:
+                for e, f in zip(empty, far):
+                    sums[labels[f]] -= x[f] * sw[f]
+                    sums[e] = x[f] * sw[f]
+                    weights[e] = sw[f]
+                    weights[labels[f]] -= sw[f]
+        biggest = np.argmax(weights)               # _average_centers, in place and in order
+        for j in range(k):
+            if weights[j] > 0:
+                sums[j] *= dt(1.0) / weights[j]
+            else:
+                sums[j] = sums[biggest]
+        shift = np.sqrt((sums - centers[:, 0]) * (sums - centers[:, 0]))
+        centers = sums.reshape(-1, 1)
+        if np.array_equal(labels, old):
+            converged = True
+            break
+        if (shift ** 2).sum() <= tol:
+            break
+        old[:] = labels
+    if not converged:
+        labels = _sk_labels(X, centers)
+    centers += mean
+    return centers[:, 0], labels
+
+
+PAL_NBITS = (1, 2, 3, 4, 6, 8)   # coremltools' palettize_weights._SUPPORTED_NBITS
+
+
+def palettize_group(g, nbits=4, n_threads=1, mode="kmeans"):
+    """One group as coremltools' palettization computes it -> (table [2**nbits] in g's dtype, index per
+    weight). The weight's dtype is the model's: float16 (an fp16 model) or float32.
+    mode "kmeans": an fp16 group of >= 10,000 values: kmeans1d over its distinct values weighted by their
+      counts (kmeans1d_weighted); any other group (smaller, or an fp32 model's): scikit-learn's KMeans
+      (sklearn_kmeans, min(size, 2**nbits) clusters). The table: the centers in float64, zeros after them,
+      cast to the weight's dtype.
+    mode "uniform" (compress_uniform): 2**nbits evenly spaced entries min + i * (max - min) / (2**nbits - 1)
+      (the step in the weight's dtype, the entries in float64, then cast), index round((w - min) / (max - min)
+      * (2**nbits - 1)) in the weight's dtype, half to even. A constant group is refused (coremltools divides
+      by zero there).
+    mode "unique" (compress_unique): the sorted distinct values, zeros after them; nbits must hold them all."""
+    g = np.asarray(g)
+    dt = np.float32 if g.dtype == np.float32 else np.float16
+    g = g.astype(dt).ravel()
+    if not np.isfinite(g).all():
+        bad = np.flatnonzero(~np.isfinite(g))
+        raise NotQuantizable(f"{len(bad)} non-finite values in the group (first {g[bad[0]]} at {bad[0]}); "
+                             "not palettized (scikit-learn, coremltools' k-means for small groups, refuses them)")
+    if mode == "uniform":
+        lo, hi = np.amin(g), np.amax(g)
+        if lo == hi:
+            raise NotQuantizable("uniform palettization of a constant group (coremltools divides by zero)")
+        levels = (1 << nbits) - 1
+        step = (hi - lo) / dt(levels)
+        idx = np.round(((g - lo) / (hi - lo)) * dt(levels)).astype(np.uint8)
+        lut = np.arange(1 << nbits, dtype=np.int64) * step + lo          # int64 * scalar: float64
+        return lut.astype(dt), idx
     lut = np.zeros(1 << nbits)
-    lut[:len(centroids)] = centroids
-    return lut.astype(np.float16), clusters[inverse.ravel()]
+    if mode == "unique":
+        values, idx = np.unique(g, return_inverse=True)
+        if len(values) > 1 << nbits:
+            raise NotQuantizable(f"{len(values)} distinct values do not fit {nbits} bits")
+        lut[:len(values)] = values
+        return lut.astype(dt), idx.ravel()
+    if mode != "kmeans":
+        raise ValueError(f"unknown palettization mode {mode!r} (kmeans, uniform, unique)")
+    if dt == np.float16 and g.size >= KMEANS1D_MIN:
+        values, inverse, counts = np.unique(g, return_inverse=True, return_counts=True)
+        clusters, centroids = kmeans1d_weighted(values, counts, 1 << nbits)
+        lut[:len(centroids)] = centroids
+        return lut.astype(dt), clusters[inverse.ravel()]
+    centers, labels = sklearn_kmeans(g, min(g.size, 1 << nbits), n_threads=n_threads)
+    lut[:len(centers)] = centers
+    return lut.astype(dt), labels
 
 
-def int4_pal(x, group=PAL_GROUP, lut_dtype="float16", method="kmeans1d"):
-    """x [..., out, in] -> its INT4 palettization (float32 values), groups of `group` output channels."""
+def unique_nbits(groups):
+    """coremltools' nbits for mode "unique": the smallest of PAL_NBITS that holds every group's distinct
+    values (the largest over the op's groups)."""
+    need = max(len(np.unique(np.asarray(g))) for g in groups)
+    for b in PAL_NBITS:
+        if need <= 1 << b:
+            return b
+    raise NotQuantizable(f"{need} distinct values: more than 8 bits (coremltools skips the op)")
+
+
+def int4_pal(x, group=PAL_GROUP, lut_dtype="float16", method="coremltools", nbits=4, n_threads=1, mode="kmeans"):
+    """x [..., out, in] -> its palettization (float32 values), groups of `group` output channels (group = out:
+    coremltools' per_tensor). method "coremltools": palettize_group on each group (mode kmeans, uniform or
+    unique; for unique nbits is coremltools' choice, unique_nbits), the weight in lut_dtype (float16: an fp16
+    model; float32: an fp32 one); n_threads: sklearn's threads on the machine that ran coremltools (kmeans,
+    small groups only). method "lloyd": the former approximation (kmeans, nbits 4 only)."""
     if x.ndim < 2:
         raise NotQuantizable("palettization needs a matrix")
     m = x.reshape(-1, x.shape[-2], x.shape[-1])    # [E, out, in]
@@ -288,11 +477,18 @@ def int4_pal(x, group=PAL_GROUP, lut_dtype="float16", method="kmeans1d"):
         raise NotQuantizable(f"{out} output channels are not a multiple of the group size {group}")
     g = m.reshape(E * out // group, group * inn)
     res = np.empty(g.shape, np.float32)
-    if method == "kmeans1d":                       # coremltools on an fp16 model
+    if method == "coremltools":
+        per_op = g.shape[0] // E                   # groups per linear layer (one op each)
         for i in range(g.shape[0]):
-            lut, idx = palettize_group(g[i].astype(np.float16))
+            if mode == "unique" and i % per_op == 0:
+                nbits = unique_nbits(g[i:i + per_op].astype(lut_dtype))
+            with np.errstate(over="ignore"):                # |w| > 65504 -> inf: refused below
+                gi = g[i].astype(lut_dtype)
+            lut, idx = palettize_group(gi, nbits, n_threads, mode)
             res[i] = lut[idx]
         return res.reshape(x.shape)
+    if method != "lloyd" or nbits != 4 or mode != "kmeans":
+        raise ValueError(f"int4_pal: unknown method {method!r} (coremltools, or lloyd with kmeans and nbits 4)")
     step = max(1, (1 << 22) // g.shape[1])         # groups per k-means batch (bounded memory)
     for a in range(0, g.shape[0], step):
         lut = _kmeans_1d(g[a:a + step].astype(np.float64)).astype(np.float32)
