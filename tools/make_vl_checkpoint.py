@@ -80,17 +80,14 @@ def main():
     cfg = json.load(open(os.path.join(text_dir, "config.json")))
     for k in ("architectures", "model_type", "dtype", "torch_dtype"):
         cfg.pop(k, None)
-    header, data = vl_checkpoint.read_safetensors(os.path.join(text_dir, "model.safetensors"))
-    tensors = [(vl_checkpoint.text_to_vl_name(n), e["dtype"], e["shape"], data[e["data_offsets"][0]:e["data_offsets"][1]])
-               for n, e in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])]
-    del data
-    vl_checkpoint.write_safetensors(os.path.join(args.out_dir, "model-00001-of-00002.safetensors"), tensors)
-    del tensors
+    header = vl_checkpoint.rename_in_place(os.path.join(text_dir, "model.safetensors"), vl_checkpoint.text_to_vl_name)
+    header.pop("__metadata__", None)
+    os.replace(os.path.join(text_dir, "model.safetensors"), os.path.join(args.out_dir, "model-00001-of-00002.safetensors"))
     rng = np.random.default_rng(args.seed)
     vision = dict(VISION, out_hidden_size=cfg["hidden_size"])
     extra = list(vl_tensors(cfg, vision, rng))
     vl_checkpoint.write_safetensors(os.path.join(args.out_dir, "model-00002-of-00002.safetensors"), extra)
-    wm = {n: "model-00001-of-00002.safetensors" for n in map(vl_checkpoint.text_to_vl_name, header)}
+    wm = {n: "model-00001-of-00002.safetensors" for n in header}
     wm.update({n: "model-00002-of-00002.safetensors" for n, _, _, _ in extra})
     with open(os.path.join(args.out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": wm}, f)
@@ -103,7 +100,6 @@ def main():
     for name in os.listdir(text_dir):
         if name.startswith("tokenizer"):
             os.replace(os.path.join(text_dir, name), os.path.join(args.out_dir, name))
-    os.remove(os.path.join(text_dir, "model.safetensors"))
     os.remove(os.path.join(text_dir, "config.json"))
     print(f"wrote {args.out_dir}: {len(wm)} tensors")
 

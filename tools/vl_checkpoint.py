@@ -45,6 +45,36 @@ def text_to_vl_name(name):
     return "model.language_model." + name[len("model."):]
 
 
+def rename_in_place(path, rename, chunk=1 << 26):
+    """Rename every tensor of the safetensors file at path, in place: the new header is written and the data
+    section moved behind it (copied from its end backwards, `chunk` bytes at a time), so a full-size file is
+    renamed with no second copy on disk and little memory."""
+    with open(path, "r+b") as f:
+        size = os.fstat(f.fileno()).st_size
+        n = struct.unpack("<Q", f.read(8))[0]
+        if 8 + n > size:
+            raise ValueError(f"{path}: header of {n} bytes runs past the end of the file ({size} bytes): truncated")
+        header = json.loads(f.read(n))
+        meta = header.pop("__metadata__", None)
+        new = {rename(k): v for k, v in header.items()}
+        if meta is not None:
+            new["__metadata__"] = meta
+        h = json.dumps(new, separators=(",", ":")).encode()
+        h += b" " * (-len(h) % 8)
+        h += b" " * max(0, n - len(h))                # a shorter header is padded to the old length
+        shift, end = len(h) - n, size
+        while shift and end > 8 + n:                  # move the data section `shift` bytes on, last chunk first
+            start = max(8 + n, end - chunk)
+            f.seek(start)
+            buf = f.read(end - start)
+            f.seek(start + shift)
+            f.write(buf)
+            end = start
+        f.seek(0)
+        f.write(struct.pack("<Q", len(h)) + h)
+    return new
+
+
 def write_safetensors(path, tensors):
     """tensors: list of (name, dtype, shape, raw bytes)."""
     header, off = {}, 0
