@@ -343,7 +343,8 @@ def legacy_to_native_config(cfg, path):
     nkv = cfg.get("num_query_groups", cfg.get("num_key_value_heads", 2))
     if "num_key_value_heads" in cfg and cfg["num_key_value_heads"] != nkv:
         fail("legacy config has num_query_groups != num_key_value_heads", path, f"both {nkv}",
-             repr(cfg["num_key_value_heads"]), "the fork asserts they are equal (CCA uses one, the attention the other)")
+             repr(cfg["num_key_value_heads"]),
+             "the fork asserts they are equal (CCA uses one, the attention the other)")
     if cfg.get("sliding_window") is not None:
         fail("legacy config value 'sliding_window' is not supported by zaya.c", path, "null (windows come from swa_layers)",
              repr(cfg["sliding_window"]), LIMITATION + ": the fork's per-half-layer 'swa_layers' is what ZAYA1 checkpoints use")
@@ -523,7 +524,8 @@ def vl_zyphra_text_config(cfg, path):
     rope_theta (or rotary_base, default 1e6) and rope_pct (default 0.5) for both layer types."""
     if "num_query_groups" in cfg and cfg.get("num_key_value_heads", cfg["num_query_groups"]) != cfg["num_query_groups"]:
         fail("config has num_query_groups != num_key_value_heads", path, f"both {cfg['num_query_groups']}",
-             repr(cfg["num_key_value_heads"]), "the fork asserts they are equal (CCA uses one, the attention the other)")
+             repr(cfg["num_key_value_heads"]),
+             "the fork asserts they are equal (CCA uses one, the attention the other)")
     text = {k: v for k, v in cfg.items() if k not in ("vision_config", "text_config", "architectures", "model_type",
                                                        "swa_layers", "swa_rotary_base", "rope_pct", "rotary_base",
                                                        "temporal_patch_size", *VL_IDS)}
@@ -538,8 +540,8 @@ def vl_zyphra_text_config(cfg, path):
     text["num_experts_per_tok"] = cfg.get("num_experts_per_tok", cfg.get("moe_router_topk", 1))
     theta, prf = cfg.get("rope_theta", cfg.get("rotary_base", 1000000.0)), cfg.get("rope_pct", 0.5)
     text["rope_parameters"] = {"hybrid": {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": prf},
-                               "hybrid_sliding": {"rope_type": "default", "rope_theta": cfg.get("swa_rotary_base", 10000.0),
-                                                  "partial_rotary_factor": prf}}
+                               "hybrid_sliding": {"rope_type": "default", "partial_rotary_factor": prf,
+                                                  "rope_theta": cfg.get("swa_rotary_base", 10000.0)}}
     text["layer_types"] = ["hybrid"] * layers
     for k in ("intermediate_size", "ffn_hidden_size", "num_query_groups", "norm_epsilon", "zaya_mlp_expansion",
               "moe_router_topk"):
@@ -928,7 +930,8 @@ def pack_header(c, layout, wformat, group, n_tensors, data_off, tok_off, tok_siz
     rot = [int(c["head_dim"] * c["partial_rotary_factor"][t]) for t in LAYER_TYPES]
     h = bytearray(HEADER_SIZE)
     struct.pack_into("<8sIIQQIIIIQQQ", h, 0, MAGIC, version, 0, file_size, HEADER_SIZE, n_tensors,
-                     DTYPE_CODES[wformat], group, 0 if layout in ("native", "vl", "vl-zyphra") else 1, data_off, tok_off, tok_size)
+                     DTYPE_CODES[wformat], group, 0 if layout in ("native", "vl", "vl-zyphra") else 1, data_off, tok_off,
+                     tok_size)
     struct.pack_into("<14I2iI4i2I5fIIf", h, 128,
                      c["vocab_size"], c["hidden_size"], L, c["num_attention_heads"], c["num_key_value_heads"],
                      c["head_dim"], c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"],
@@ -1117,8 +1120,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
         layout = detect_layout(cfg, where)
         if is_vl_config(cfg):    # ZAYA1-VL (format version 3): transformers' names or Zyphra's (the hub's)
             layout = vl_layout(where)
-        c = (vl_config(cfg, cfg_path) if layout in ("vl", "vl-zyphra") else native_config(cfg, cfg_path) if layout == "native"
-             else legacy_to_native_config(cfg, cfg_path))
+        c = (vl_config(cfg, cfg_path) if layout in ("vl", "vl-zyphra")
+             else native_config(cfg, cfg_path) if layout == "native" else legacy_to_native_config(cfg, cfg_path))
     check_config_limits(c, cfg_path)
     where = quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log)
     plan = plan_tensors(c, layout, where)
@@ -2031,7 +2034,8 @@ def header_only_tensors(path):
             continue
         if not isinstance(info, dict) or not isinstance(info.get("shape"), list) or \
                 not all(type(d) is int and d >= 0 for d in info["shape"]):
-            fail("malformed tensor entry", f"{path}: tensor {name}", '{"dtype", "shape", "data_offsets"}', repr(info)[:120])
+            fail("malformed tensor entry", f"{path}: tensor {name}", '{"dtype", "shape", "data_offsets"}',
+                 repr(info)[:120])
         offs, numel = info.get("data_offsets"), 1
         for d in info["shape"]:
             numel *= d
@@ -2061,7 +2065,8 @@ def dry_run_tensors(ckpt):
             meta = idx.get("metadata") if isinstance(idx.get("metadata"), dict) else {}
             shapes, dtypes = meta.get("shapes") or {}, meta.get("dtypes") or {}
             out = {n: (dtypes.get(n), tuple(shapes[n]) if n in shapes else None, index) for n in wm}
-            return out, f"the index alone ({len(wm)} names" + (", shapes from its metadata)" if shapes else "; no shapes)")
+            return out, (f"the index alone ({len(wm)} names" +
+                         (", shapes from its metadata)" if shapes else "; no shapes)"))
         out = {}
         for fn in files:
             path = os.path.join(ckpt, fn)
@@ -2164,7 +2169,8 @@ def dry_run(ckpt, log=print):
         groups.setdefault((p[0], re.sub(r"\d+", "#", p[1])), []).append(p)
     for (what, pattern), ps in groups.items():
         kind, name, where, expected, found, hint = ps[0]
-        more = f" (and {len(ps) - 1} more like {pattern})" if len(ps) > 1 else ""
+        more = (f" (and {len(ps) - 1} more like {pattern})" if len(ps) > 4 else
+                f" (and {', '.join(p[1] for p in ps[1:])})" if len(ps) > 1 else "")
         log("problem: " + gguf.message(what, f"{where}: {name}{more}", expected, found, hint))
     if problems:
         log(f"dry run: {len(problems)} problem(s) in {len(groups)} group(s); nothing written")

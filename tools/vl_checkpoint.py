@@ -61,6 +61,19 @@ def write_safetensors(path, tensors):
             f.write(raw)
 
 
+def write_safetensors_header(path, tensors):
+    """A safetensors file holding only its header: tensors = list of (name, dtype, shape, byte size); no data."""
+    header, off = {}, 0
+    for name, dtype, shape, nbytes in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + nbytes]}
+        off += nbytes
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+
+
 def compose(fixtures, out, vl_dir=None):
     vl_dir = vl_dir or os.path.join(fixtures, "vl")
     os.makedirs(out, exist_ok=True)
@@ -112,8 +125,9 @@ ZYPHRA_BLOCK = (   # transformers' leaf (after model.language_model.layers.{i}.)
     ("mlp.gate.router_mlp.out_proj.", "mlp.zaya_block.router.router_mlp.4."),
     ("mlp.gate.", "mlp.zaya_block.router."),
 )
-ZYPHRA_EXPERTS = {"gate_up_proj": "linear_fc1", "down_proj": "linear_fc2", "lora_gate_up_proj_a": "lora_fc1.0",
-                  "lora_gate_up_proj_b": "lora_fc1.1", "lora_down_proj_a": "lora_fc2.0", "lora_down_proj_b": "lora_fc2.1"}
+ZYPHRA_EXPERTS = {"gate_up_proj": "linear_fc1", "down_proj": "linear_fc2",
+                  "lora_gate_up_proj_a": "lora_fc1.0", "lora_gate_up_proj_b": "lora_fc1.1",
+                  "lora_down_proj_a": "lora_fc2.0", "lora_down_proj_b": "lora_fc2.1"}
 
 
 def zyphra_name(name, n_layers):
