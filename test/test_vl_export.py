@@ -169,9 +169,10 @@ def full_size(tmp):
     def transpose(h):
         e = find(h, q)[q]
         e["shape"] = e["shape"][::-1]
-    rc, out, _ = damaged(tmp, base, "transposed", transpose)
+    rc, out, _ = damaged(tmp, base, "swapped", transpose)
     check(rc == 1 and "tensor has the wrong shape" in out and q in out and "expected: [1024, 2048]" in out and
-          "found:    [2048, 1024]" in out and "transposed" in out, "--dry-run: a transposed tensor", out[-600:])
+          "found:    [2048, 1024]" in out and "hint:     transposed: the dimensions reversed" in out,
+          "--dry-run: a transposed tensor", out[-600:])
 
     def mixed(h):
         for old, new in (("vision_tower.merger.ln_q.weight", "model.visual.merger.ln_q.weight"),
@@ -198,6 +199,13 @@ def full_size(tmp):
     rc, out, _ = dry(idx_only)
     check(rc == 1 and "local_experts.15.lora_fc2.1.weight" in out and "expected: [2048, 32]" in out,
           "--dry-run on the index alone: a missing expert LoRA tensor", out[-400:])
+
+    partial = os.path.join(tmp, "partial")
+    shutil.copytree(base, partial)
+    os.remove(os.path.join(partial, "model-00002-of-00004.safetensors"))
+    rc, out, err = dry(partial)
+    check(rc == 1 and "a shard named in the index is missing" in err and "model-00002-of-00004" in err and
+          "3 of 4 shards" in err, "--dry-run: a shard missing from a partial download is refused", (out + err)[-300:])
 
     shard = os.path.join(base, "model-00004-of-00004.safetensors")
     raw = open(shard, "rb").read()

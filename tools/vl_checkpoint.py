@@ -175,6 +175,10 @@ def zyphra_config(cfg):
             "vision_lora_rank_attn": t["vision_lora_rank_attn"], "vision_lora_rank_mlp": t["vision_lora_rank_mlp"],
             "image_token_id": cfg["image_token_id"], "vision_start_token_id": cfg["vision_start_token_id"],
             "vision_end_token_id": cfg["vision_end_token_id"], "vision_config": v}
+    if "hybrid_sliding" in t.get("layer_types", []):   # the fork's per-half-layer windows (keys - 1), its RoPE
+        flat["swa_layers"] = [w for lt in t["layer_types"] for w in
+                              ((t["sliding_window"] - 1 if lt == "hybrid_sliding" else 0), 0)]
+        flat["swa_rotary_base"] = t["rope_parameters"]["hybrid_sliding"]["rope_theta"]
     return flat
 
 
