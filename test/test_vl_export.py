@@ -15,11 +15,15 @@
 """
 import json
 import os
+import re
 import shutil
 import struct
+import subprocess
 import sys
 import tarfile
 import tempfile
+
+import numpy as np
 
 from harness import ROOT, check, finish, need_fixtures, run
 
@@ -61,17 +65,26 @@ def converter_names(tmp):
           f"{len(set(want) - set(got))} converter names never read)")
 
 
+def export_all(tmp, names):
+    """export_weights.py tmp/NAME tmp/NAME.bin for each name, all at once (the test's wall clock)."""
+    procs = {n: subprocess.Popen([sys.executable, "export_weights.py", os.path.join(tmp, n),
+                                  os.path.join(tmp, n + ".bin")],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for n in names}
+    return {n: (p.wait(), p.stdout.read().decode(), p.stderr.read().decode()) for n, p in procs.items()}
+
+
 def zyphra_export(tmp):
     pr = vl_checkpoint.compose(FX, os.path.join(tmp, "pr"))
     zy = vl_checkpoint.to_zyphra(pr, os.path.join(tmp, "zy"))
-    blobs = {}
-    for name, ckpt in (("pr", pr), ("zy", zy)):
-        blobs[name] = os.path.join(tmp, name + ".bin")
-        rc, _, err = run([sys.executable, "export_weights.py", ckpt, blobs[name]])
-        if not check(rc == 0, f"export the VL fixture in {name} layout", str(err)[-600:]):
+    mlx_vlm_header = mlx_vlm_folder(zy, os.path.join(tmp, "mlx"))
+    mlx_vlm_folder(zy, os.path.join(tmp, "mlx_q"), quantized=True)
+    done = export_all(tmp, ("pr", "zy", "mlx", "mlx_q"))
+    blobs = {n: os.path.join(tmp, n + ".bin") for n in done}
+    for name in ("pr", "zy"):
+        if not check(done[name][0] == 0, f"export the VL fixture in {name} layout", done[name][2][-600:]):
             return
     a, b = open(blobs["pr"], "rb").read(), open(blobs["zy"], "rb").read()
-    n = struct.unpack_from("<I", a, 40)[0]        # tensors; the directory follows the 1024-byte header
+    n = struct.unpack_from("<I", a, 32)[0]        # tensors; the directory follows the 1024-byte header
     check(len(a) == len(b) and a[1024:] == b[1024:], "Zyphra's layout: the same directory and tensor bytes as "
           "transformers' layout", f"sizes {len(a)} / {len(b)}; first difference at byte "
           f"{next((i for i in range(1024, min(len(a), len(b))) if a[i] != b[i]), None)} ({n} tensors)")
@@ -80,11 +93,105 @@ def zyphra_export(tmp):
           struct.unpack_from("<i", b, 176)[0] == 0 and b[896:1024] == a[896:1024],
           "Zyphra's flat config: every layer full attention (the converter drops swa_layers), native source layout, "
           "the same VL block", f"layer types {list(b[256:256 + L])}, window {struct.unpack_from('<i', b, 176)[0]}")
+    mlx_vlm(tmp, zy, blobs["zy"], mlx_vlm_header, done)
     png = os.path.join(FX, "vl", "image_b", "image.png")
     if check(os.path.exists("zaya"), "./zaya is built", "hint: make zaya"):
         rc, _, err = run(["./zaya", blobs["zy"], "--image", png, "-i", "Describe this image.", "-n", "2", "-t", "0"])
         check(rc == 0 and "6 image tokens" in str(err), "./zaya --image on the blob of Zyphra's layout",
               str(err)[-300:])
+
+
+def blob_tensors(path):
+    """{name: raw bytes} of a blob's tensors (docs/blob-format.md: the directory after the 1024-byte header)."""
+    data = open(path, "rb").read()
+    n = struct.unpack_from("<I", data, 32)[0]
+    out = {}
+    for k in range(n):
+        e = data[1024 + k * export_weights.DIR_ENTRY_SIZE:1024 + (k + 1) * export_weights.DIR_ENTRY_SIZE]
+        name = e[:export_weights.NAME_SIZE].rstrip(b"\0").decode()
+        off, nbytes = struct.unpack_from("<QQ", e, export_weights.NAME_SIZE + 40)
+        out[name] = data[off:off + nbytes]
+    return out
+
+
+def mlx_vlm_folder(zy, out, quantized=False):
+    """The Zyphra-layout checkpoint `zy` written as mlx_vlm.convert writes it: mlx-vlm's names, experts and their
+    LoRA pairs stacked, MLX's Conv1d [C, kernel, in] and Conv3d [D, T, P, P, C]; with `quantized`, the recorded
+    packed weights, scales and biases of mlx_vlm.convert -q in place of their modules. Returns the header."""
+    rec = json.load(open(os.path.join(VX, "mlx_vlm.json")))
+    h, data = vl_checkpoint.read_safetensors(os.path.join(zy, "model.safetensors"))
+    arr = {n: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], np.uint16).reshape(e["shape"])
+           for n, e in h.items()}
+    tensors, stacks = {}, {}
+    for n in sorted(h):
+        m = re.match(r"(model\.layers\.\d+\.mlp\.zaya_block\.experts)\.local_experts\.(\d+)\.(.*)$", n)
+        if m:
+            stacks.setdefault(f"language_model.{m.group(1)}.{m.group(3)}", []).append((int(m.group(2)), arr[n]))
+            continue
+        a = arr[n]
+        if re.search(r"conv_qk\.[01]\.weight$", n):
+            a = a.transpose(0, 2, 1)
+        if n.endswith("patch_embed.proj.weight"):
+            a = a.transpose(0, 2, 3, 4, 1)
+        tensors["language_model." + n if n.startswith("model.") else n] = a
+    for n, parts in stacks.items():
+        tensors[n] = np.stack([a for _, a in sorted(parts, key=lambda p: p[0])])
+    hdr = {n: ["BF16", list(a.shape)] for n, a in tensors.items()}
+    raw = {n: ("BF16", list(a.shape), np.ascontiguousarray(a).tobytes()) for n, a in tensors.items()}
+    cfg = dict(rec["config"])
+    if quantized:
+        qh, qdata = vl_checkpoint.read_safetensors(os.path.join(VX, "mlx_vlm_q.safetensors"))
+        for n, e in qh.items():
+            raw.pop(n, None)
+            raw[n] = (e["dtype"], e["shape"], qdata[e["data_offsets"][0]:e["data_offsets"][1]])
+        cfg["quantization"] = rec["quantization"]
+    os.makedirs(out)
+    vl_checkpoint.write_safetensors(os.path.join(out, "model.safetensors"),
+                                    [(n, *raw[n]) for n in sorted(raw)])
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+    for name in os.listdir(zy):
+        if name.startswith("tokenizer"):
+            shutil.copyfile(os.path.join(zy, name), os.path.join(out, name))
+    return hdr, rec["tensors"]
+
+
+def mlx_vlm(tmp, zy, zy_blob, header, done):
+    """mlx-vlm's ZAYA1-VL folder (unquantized and -q) through the exporter."""
+    got, want = header
+    diff = sorted(set(got) ^ set(want)) + [n for n in got if n in want and got[n] != want[n]]
+    check(not diff, f"the folder written in mlx-vlm's layout has the {len(want)} names, dtypes and shapes "
+          "mlx_vlm.convert wrote (recorded)", f"{len(diff)} differ: {diff[:4]}")
+    blob = os.path.join(tmp, "mlx.bin")
+    rc, out, err = done["mlx"]
+    if not check(rc == 0 and "vl-zyphra layout" in out, "export mlx-vlm's ZAYA1-VL folder", (out + err)[-500:]):
+        return
+    a, b = blob_tensors(zy_blob), blob_tensors(blob)
+    same = [n for n in a if a[n] == b.get(n)]
+    check(len(same) == len(a) == len(b), "mlx-vlm's folder: every tensor equals the checkpoint's (same numbers as "
+          "test/fixtures/vl's weights)", f"{len(a) - len(same)} of {len(a)} differ: "
+          f"{[n for n in a if a[n] != b.get(n)][:3]}")
+    blob_q = os.path.join(tmp, "mlx_q.bin")
+    rc, out, err = done["mlx_q"]
+    if not check(rc == 0 and "12 affine 4-bit group 32" in out, "export mlx-vlm's -q ZAYA1-VL folder",
+                 (out + err)[-500:]):
+        return
+    dh, ddata = vl_checkpoint.read_safetensors(os.path.join(VX, "mlx_vlm_dequantized.safetensors"))
+    c = export_weights.vl_config(json.load(open(os.path.join(zy, "config.json"))), "config.json")
+    to_blob = {}
+    for name, _, _ in export_weights.expected_tensors(c):
+        for s in export_weights.vl_zyphra_sources(name, c):
+            to_blob["language_model." + s if s.startswith("model.") else s] = name
+    q = blob_tensors(blob_q)
+    bad, moved = [], set()
+    for n, e in dh.items():
+        want = np.frombuffer(ddata[e["data_offsets"][0]:e["data_offsets"][1]], np.uint16).astype(np.uint32) << 16
+        name = to_blob[n]
+        moved.add(name)
+        if q[name] != want.astype("<u4").tobytes():
+            bad.append(name)
+    check(len(dh) == 12 and not bad and all(q[n] == a[n] for n in a if n not in moved),
+          "mlx-vlm's -q folder: its 12 quantized matrices are mx.dequantize's recorded values, the other "
+          f"{len(a) - len(moved)} tensors the checkpoint's", f"{bad[:3]}")
 
 
 def shard_headers(folder):

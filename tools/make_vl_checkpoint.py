@@ -137,7 +137,8 @@ def main():
     if args.header_only:
         return header_only(args, rest)
     if args.layout != "transformers":
-        ap.error("--layout zyphra writes headers only (--header-only); tools/vl_checkpoint.py --zyphra converts weights")
+        ap.error("--layout zyphra writes headers only (--header-only); "
+                 "tools/vl_checkpoint.py --zyphra converts weights")
     text_dir = os.path.join(args.out_dir, "text")
     subprocess.run([sys.executable, os.path.join(HERE, "make_checkpoint.py"), text_dir, "--single-file",
                     "--seed", str(args.seed), *rest], check=True)
