@@ -2175,8 +2175,9 @@ def dry_run(ckpt, log=print):
     if problems:
         log(f"dry run: {len(problems)} problem(s) in {len(groups)} group(s); nothing written")
     else:
-        shapes = "names, shapes and dtypes" if all(t[1] is not None for t in tensors.values()) else "names only"
-        log(f"dry run: OK ({shapes} checked; nothing written)")
+        known = [k for k, i in (("shapes", 1), ("dtypes", 0)) if all(t[i] is not None for t in tensors.values())]
+        what = "names" + ("".join(", " + k for k in known[:-1]) + " and " + known[-1] if known else " only")
+        log(f"dry run: OK ({what} checked; nothing written)")
     return len(problems)
 
 
