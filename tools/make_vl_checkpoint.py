@@ -3,6 +3,7 @@
 
     python3 tools/make_vl_checkpoint.py OUT_DIR [--layers 40] [make_checkpoint.py options ...]
     python3 tools/make_vl_checkpoint.py OUT_DIR --header-only [--layout zyphra]   # names and shapes only, ~1 MB
+--layout zyphra writes Zyphra's own names (the hub's layout, tools/vl_checkpoint.py) and its flat config.json.
 
 The language model comes from tools/make_checkpoint.py (ZAYA1-8B's shape by default; --layers N for a
 full-width slice), renamed to the layout of transformers' Zaya1VLForConditionalGeneration (pull request
@@ -83,6 +84,19 @@ def vl_config(cfg, vision):
             "vision_start_token_id": 255999, "vision_end_token_id": 256000, "tie_word_embeddings": True}
 
 
+def zyphra_tensors(tensors, n_layers):
+    """(name, dtype, shape, raw) in transformers' layout -> Zyphra's (experts and their LoRA pairs split)."""
+    out = []
+    for name, dtype, shape, raw in tensors:
+        z = vl_checkpoint.zyphra_name(name, n_layers)
+        if "{e}" not in z:
+            out.append((z, dtype, shape, raw))
+            continue
+        per, view = len(raw) // shape[0], memoryview(raw)
+        out += [(z.format(e=e), dtype, list(shape[1:]), view[e * per:(e + 1) * per]) for e in range(shape[0])]
+    return out
+
+
 def header_only(args, rest):
     """config.json + safetensors shards holding only their headers (every name, dtype BF16, shape; no data): the
     full-size layout for export_weights.py --dry-run, in kilobytes. Zyphra's layout (the hub's) or transformers'."""
@@ -132,13 +146,10 @@ def main():
     ap.add_argument("--header-only", action="store_true",
                     help="no weights: shards holding only their safetensors headers (for export_weights.py --dry-run)")
     ap.add_argument("--layout", choices=("transformers", "zyphra"), default="transformers",
-                    help="tensor names: transformers' (pull request #46011) or Zyphra's (the hub's; --header-only)")
+                    help="tensor names: transformers' (pull request #46011) or Zyphra's (the hub's)")
     args, rest = ap.parse_known_args()
     if args.header_only:
         return header_only(args, rest)
-    if args.layout != "transformers":
-        ap.error("--layout zyphra writes headers only (--header-only); "
-                 "tools/vl_checkpoint.py --zyphra converts weights")
     text_dir = os.path.join(args.out_dir, "text")
     subprocess.run([sys.executable, os.path.join(HERE, "make_checkpoint.py"), text_dir, "--single-file",
                     "--seed", str(args.seed), *rest], check=True)
@@ -149,17 +160,23 @@ def main():
     tensors = [(vl_checkpoint.text_to_vl_name(n), e["dtype"], e["shape"], data[e["data_offsets"][0]:e["data_offsets"][1]])
                for n, e in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])]
     del data
+    if args.layout == "zyphra":
+        tensors = zyphra_tensors(tensors, cfg["num_hidden_layers"])
     vl_checkpoint.write_safetensors(os.path.join(args.out_dir, "model-00001-of-00002.safetensors"), tensors)
+    wm = {n: "model-00001-of-00002.safetensors" for n, _, _, _ in tensors}
     del tensors
     rng = np.random.default_rng(args.seed)
     vision = dict(VISION, out_hidden_size=cfg["hidden_size"])
     extra = list(vl_tensors(cfg, vision, rng))
+    if args.layout == "zyphra":
+        extra = zyphra_tensors(extra, cfg["num_hidden_layers"])
     vl_checkpoint.write_safetensors(os.path.join(args.out_dir, "model-00002-of-00002.safetensors"), extra)
-    wm = {n: "model-00001-of-00002.safetensors" for n in map(vl_checkpoint.text_to_vl_name, header)}
     wm.update({n: "model-00002-of-00002.safetensors" for n, _, _, _ in extra})
     with open(os.path.join(args.out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": wm}, f)
     config = vl_config(cfg, vision)
+    if args.layout == "zyphra":
+        config = vl_checkpoint.zyphra_config(config)
     with open(os.path.join(args.out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     for name in os.listdir(text_dir):
