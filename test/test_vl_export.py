@@ -8,6 +8,9 @@
   in test/fixtures/vl_export/converter_names.json); the compact VL fixture written in that layout
   (tools/vl_checkpoint.py --zyphra) exports to the same tensors, byte for byte, as in transformers' layout,
   with every layer full attention (as the converter's config says), and ./zaya runs an image prompt on it.
+- mlx-vlm's folder (mlx_vlm.convert; recorded by tools/vl_mlx_fixture.py): the fixture written with mlx-vlm's
+  names and layouts has exactly the recorded names, dtypes and shapes and exports to the checkpoint's tensors
+  byte for byte; with the recorded -q matrices (4-bit affine) those 12 tensors are mx.dequantize's values.
 - --dry-run on a full-size ZAYA1-VL-8B in Zyphra's layout (header-only shards from
   tools/make_vl_checkpoint.py --header-only --layout zyphra, 97 kB): OK; each kind of damage is listed
   (a missing LoRA pair, a vision depth the weights do not have, a transposed tensor, the other layout's names,
