@@ -2116,6 +2116,12 @@ def dry_run(ckpt, log=print):
     if not isinstance(cfg, dict):
         fail("config.json is not a JSON object", cfg_path)
     tensors, read_what = dry_run_tensors(ckpt)
+    quant = next((k for k in ("quantization_config", "quantization") if cfg.get(k) is not None), None)
+    if quant or any(n.startswith("language_model.model.") for n in tensors):
+        fail("--dry-run checks unquantized Hugging Face layouts only", f"{cfg_path}: {quant}" if quant else ckpt,
+             "a checkpoint without quantization_config / quantization, in HF names",
+             f"'{quant}'" if quant else "mlx-vlm's names (language_model.model.*)",
+             "the export itself checks quantized experts and MLX folders: run it without --dry-run")
     layout = vl_layout(tensors) if is_vl_config(cfg) else detect_layout(cfg, tensors)
     c = (vl_config(cfg, cfg_path) if layout in ("vl", "vl-zyphra") else native_config(cfg, cfg_path)
          if layout == "native" else legacy_to_native_config(cfg, cfg_path))
@@ -2218,6 +2224,9 @@ def main(argv=None):
             return 1 if dry_run(args.checkpoint) else 0
         except ExportError as e:
             print(f"export_weights.py: error: {e}", file=sys.stderr)
+            return 1
+        except BrokenPipeError:         # the listing piped into head: stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 1
     if args.out is None:
         ap.error("the output blob is required (or give --dry-run)")

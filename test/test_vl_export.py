@@ -195,6 +195,9 @@ def mlx_vlm(tmp, zy, zy_blob, header, done):
     check(len(dh) == 12 and not bad and all(q[n] == a[n] for n in a if n not in moved),
           "mlx-vlm's -q folder: its 12 quantized matrices are mx.dequantize's recorded values, the other "
           f"{len(a) - len(moved)} tensors the checkpoint's", f"{bad[:3]}")
+    rc, out, err = dry(os.path.join(tmp, "mlx_q"))
+    check(rc == 1 and "--dry-run checks unquantized Hugging Face layouts only" in err and "run it without --dry-run"
+          in err, "--dry-run on a quantized MLX folder says it does not check it (no false listing)", (out + err)[-300:])
 
 
 def shard_headers(folder):
