@@ -343,8 +343,7 @@ def legacy_to_native_config(cfg, path):
     nkv = cfg.get("num_query_groups", cfg.get("num_key_value_heads", 2))
     if "num_key_value_heads" in cfg and cfg["num_key_value_heads"] != nkv:
         fail("legacy config has num_query_groups != num_key_value_heads", path, f"both {nkv}",
-             repr(cfg["num_key_value_heads"]),
-             "the fork asserts they are equal (CCA uses one, the attention the other)")
+             repr(cfg["num_key_value_heads"]), "the fork asserts they are equal (CCA uses one, the attention the other)")
     if cfg.get("sliding_window") is not None:
         fail("legacy config value 'sliding_window' is not supported by zaya.c", path, "null (windows come from swa_layers)",
              repr(cfg["sliding_window"]), LIMITATION + ": the fork's per-half-layer 'swa_layers' is what ZAYA1 checkpoints use")
@@ -522,7 +521,8 @@ def vl_zyphra_text_config(cfg, path):
     num_hidden_layers counting blocks) in transformers' schema, as the pull request's
     convert_zaya1_vl_weights_to_hf.py convert_config() computes them: every layer 'hybrid' (swa_layers dropped),
     rope_theta (or rotary_base, default 1e6) and rope_pct (default 0.5) for both layer types."""
-    if "num_query_groups" in cfg and cfg.get("num_key_value_heads", cfg["num_query_groups"]) != cfg["num_query_groups"]:
+    nkv = cfg.get("num_query_groups")
+    if nkv is not None and cfg.get("num_key_value_heads", nkv) != nkv:
         fail("config has num_query_groups != num_key_value_heads", path, f"both {cfg['num_query_groups']}",
              repr(cfg["num_key_value_heads"]),
              "the fork asserts they are equal (CCA uses one, the attention the other)")
@@ -930,8 +930,8 @@ def pack_header(c, layout, wformat, group, n_tensors, data_off, tok_off, tok_siz
     rot = [int(c["head_dim"] * c["partial_rotary_factor"][t]) for t in LAYER_TYPES]
     h = bytearray(HEADER_SIZE)
     struct.pack_into("<8sIIQQIIIIQQQ", h, 0, MAGIC, version, 0, file_size, HEADER_SIZE, n_tensors,
-                     DTYPE_CODES[wformat], group, 0 if layout in ("native", "vl", "vl-zyphra") else 1, data_off, tok_off,
-                     tok_size)
+                     DTYPE_CODES[wformat], group, 0 if layout in ("native", "vl", "vl-zyphra") else 1, data_off,
+                     tok_off, tok_size)
     struct.pack_into("<14I2iI4i2I5fIIf", h, 128,
                      c["vocab_size"], c["hidden_size"], L, c["num_attention_heads"], c["num_key_value_heads"],
                      c["head_dim"], c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"],
