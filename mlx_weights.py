@@ -396,16 +396,12 @@ def checkpoint_name(n, vl=False):
 
 def channels_first(raw, shape, size):
     """Bytes of MLX's Conv3d weight [D, T, P, P, C] as PyTorch's [D, C, T, P, P]."""
-    a = array({2: "H", 4: "I"}[size], raw)
-    if sys.byteorder != "little":
-        a.byteswap()
+    a = array({2: "H", 4: "I"}[size], raw)       # elements moved whole: the byte order does not matter
     C, block = shape[4], shape[1] * shape[2] * shape[3] * shape[4]
     out = array(a.typecode)
     for d in range(shape[0]):
         for c in range(C):
             out.extend(a[d * block + c:(d + 1) * block:C])
-    if sys.byteorder != "little":
-        out.byteswap()
     return out.tobytes()
 
 
@@ -525,8 +521,9 @@ def rename(src, cfg):
     for n in sorted(src.tensors):
         dtype, shape = src.tensors[n][0], src.tensors[n][1]
         name = checkpoint_name(n, is_vl(cfg))
-        if name.endswith("patch_embed.proj.weight") and len(shape) == 5 and shape[4] == cfg.get(
-                "vision_config", {}).get("in_channels", 3) and shape[1] != shape[4]:   # MLX: [D, T, P, P, C]
+        vc = cfg.get("vision_config") or {}
+        if name.endswith("patch_embed.proj.weight") and len(shape) == 5 and shape[1] != shape[4] and \
+                shape[4] == vc.get("in_channels", vc.get("in_chans", 3)):   # MLX's Conv3d: [D, T, P, P, C]
             out.add(name, dtype, (shape[0], shape[4], shape[1], shape[2], shape[3]),
                     lambda b, x, n=n, shape=shape: channels_first(src.read(n, 0, src.tensors[n][3]), shape,
                                                                   SIZE[src.tensors[n][0]])[b:x])
