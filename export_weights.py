@@ -516,17 +516,59 @@ def is_vl_config(cfg):
     return cfg.get("model_type") == "zaya1_vl" or isinstance(cfg.get("vision_config"), dict)
 
 
+def vl_zyphra_text_config(cfg, path):
+    """The text keys of Zyphra's own flat ZAYA1-VL config.json (the hub's: the fork's keys at the top level,
+    num_hidden_layers counting blocks) in transformers' schema, as the pull request's
+    convert_zaya1_vl_weights_to_hf.py convert_config() computes them: every layer 'hybrid' (swa_layers dropped),
+    rope_theta (or rotary_base, default 1e6) and rope_pct (default 0.5) for both layer types."""
+    nkv = cfg.get("num_query_groups")
+    if nkv is not None and cfg.get("num_key_value_heads", nkv) != nkv:
+        fail("config has num_query_groups != num_key_value_heads", path, f"both {cfg['num_query_groups']}",
+             repr(cfg["num_key_value_heads"]),
+             "the fork asserts they are equal (CCA uses one, the attention the other)")
+    text = {k: v for k, v in cfg.items() if k not in ("vision_config", "text_config", "architectures", "model_type",
+                                                       "swa_layers", "swa_rotary_base", "rope_pct", "rotary_base",
+                                                       "temporal_patch_size", *VL_IDS)}
+    layers = need(cfg, "num_hidden_layers", int, path, lambda v: v > 0, "a positive integer (decoder blocks)")
+    ffn = cfg.get("intermediate_size", cfg.get("ffn_hidden_size"))
+    if ffn is not None:
+        text["moe_intermediate_size"] = need({"ffn_hidden_size": ffn}, "ffn_hidden_size", int, path,
+                                             lambda v: v > 0 and v % 2 == 0, "an even positive integer") // 2
+    text["num_key_value_heads"] = cfg.get("num_key_value_heads", cfg.get("num_query_groups", 2))
+    text["rms_norm_eps"] = cfg.get("rms_norm_eps", cfg.get("norm_epsilon", 1e-5))
+    text["router_hidden_size"] = cfg.get("router_hidden_size", cfg.get("zaya_mlp_expansion", 256))
+    text["num_experts_per_tok"] = cfg.get("num_experts_per_tok", cfg.get("moe_router_topk", 1))
+    theta, prf = cfg.get("rope_theta", cfg.get("rotary_base", 1000000.0)), cfg.get("rope_pct", 0.5)
+    text["rope_parameters"] = {"hybrid": {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": prf},
+                               "hybrid_sliding": {"rope_type": "default", "partial_rotary_factor": prf,
+                                                  "rope_theta": cfg.get("swa_rotary_base", 10000.0)}}
+    text["layer_types"] = ["hybrid"] * layers
+    for k in ("intermediate_size", "ffn_hidden_size", "num_query_groups", "norm_epsilon", "zaya_mlp_expansion",
+              "moe_router_topk"):
+        text.pop(k, None)
+    return text
+
+
 def vl_config(cfg, path):
     """The native config of the language model plus c["vl"]: the vision tower, the LoRA ranks, the ids."""
     text = cfg.get("text_config")
-    if not isinstance(text, dict):       # hub configs may be flat: the text keys at the top level
-        text = {k: v for k, v in cfg.items() if k not in ("vision_config", "text_config")}
+    flat = not isinstance(text, dict)
+    if flat:                             # Zyphra's own config (the hub's): flat, the fork's keys
+        text = vl_zyphra_text_config(cfg, path)
     text = {**VL_TEXT_DEFAULTS, **text}
     c = native_config({k: v for k, v in text.items() if k not in VL_TEXT_DEFAULTS}, path)
     if text["vision_lora"] is not True:
         fail("config value 'text_config.vision_lora' is not supported by zaya.c", path, "true", repr(text["vision_lora"]),
              LIMITATION + " (ZAYA1-VL-8B has its vision LoRA)")
     vc = cfg.get("vision_config") if isinstance(cfg.get("vision_config"), dict) else {}
+    if flat:                             # the converter's renames and defaults for Zyphra's vision_config
+        vc = dict(vc)
+        for old, new in (("in_chans", "in_channels"), ("spatial_patch_size", "patch_size")):
+            if old in vc:
+                vc.setdefault(new, vc.pop(old))
+        if "temporal_patch_size" in cfg:
+            vc.setdefault("temporal_patch_size", cfg["temporal_patch_size"])
+        vc.setdefault("out_hidden_size", c["hidden_size"])
     vc = {**VL_VISION_DEFAULTS, **vc}
     pos = lambda v: v > 0  # noqa: E731
     v = {k: need(vc, k, int, f"{path}: vision_config", pos) for k in (
@@ -560,6 +602,51 @@ def vl_source_name(name):
         return "model.language_model.final_norm.weight"
     name = name.replace(".mlp.gate.router_mlp.norm.", ".mlp.gate.router_mlp.rmsnorm_eda.")
     return "model.language_model." + name[len("model."):]
+
+
+VL_ZYPHRA_LORA = {   # transformers' name (pull request #46011) -> Zyphra's (the hub checkpoint's), per block
+    "self_attn.qkv_proj.q_lora_a.weight": "attn.self_attn.qkv.lora_linear_q.0.weight",
+    "self_attn.qkv_proj.q_lora_b.weight": "attn.self_attn.qkv.lora_linear_q.1.weight",
+    "self_attn.qkv_proj.k_lora_a.weight": "attn.self_attn.qkv.lora_linear_k.0.weight",
+    "self_attn.qkv_proj.k_lora_b.weight": "attn.self_attn.qkv.lora_linear_k.1.weight",
+    "self_attn.qkv_proj.v_current_lora_a.weight": "attn.self_attn.qkv.lora_val_proj1.0.weight",
+    "self_attn.qkv_proj.v_current_lora_b.weight": "attn.self_attn.qkv.lora_val_proj1.1.weight",
+    "self_attn.qkv_proj.v_delayed_lora_a.weight": "attn.self_attn.qkv.lora_val_proj2.0.weight",
+    "self_attn.qkv_proj.v_delayed_lora_b.weight": "attn.self_attn.qkv.lora_val_proj2.1.weight",
+    "self_attn.o_lora_a.weight": "attn.self_attn.lora_linear_o.0.weight",
+    "self_attn.o_lora_b.weight": "attn.self_attn.lora_linear_o.1.weight",
+    "mlp.experts.lora_gate_up_proj_a": "lora_fc1.0", "mlp.experts.lora_gate_up_proj_b": "lora_fc1.1",
+    "mlp.experts.lora_down_proj_a": "lora_fc2.0", "mlp.experts.lora_down_proj_b": "lora_fc2.1",
+}
+VL_ZYPHRA_BLOCK = re.compile(r"model\.layers\.(\d+)\.(attn|mlp)\.")
+
+
+def vl_zyphra_sources(name, c):
+    """Zyphra's checkpoint name(s) of a blob tensor (the hub's ZAYA1-VL layout, the input of the pull request's
+    convert_zaya1_vl_weights_to_hf.py): the fork's half-layer names grouped in blocks, model.layers.{i}.attn.* =
+    half-layer 2i, model.layers.{i}.mlp.* = half-layer 2i+1; the vision tower under vision_tower.*; experts and
+    their LoRA pairs one tensor per expert (several names: stacked along a new first dimension)."""
+    if name.startswith("model.visual."):
+        return ["vision_tower." + name[len("model.visual."):]]
+    m = re.match(r"model\.layers\.(\d+)\.(.*)$", name)
+    if m and m.group(2) in VL_ZYPHRA_LORA:
+        i, leaf = int(m.group(1)), VL_ZYPHRA_LORA[m.group(2)]
+        if leaf.startswith("attn."):
+            return [f"model.layers.{i}.{leaf}"]
+        return [f"model.layers.{i}.mlp.zaya_block.experts.local_experts.{e}.{leaf}.weight"
+                for e in range(c["num_experts"])]
+    out = []
+    for s in legacy_sources(name, c):   # the fork's half-layer j -> block j // 2, attn (even) or mlp (odd)
+        h = re.match(r"model\.layers\.(\d+)\.(.*)$", s)
+        out.append(f"model.layers.{int(h.group(1)) // 2}.{'mlp' if int(h.group(1)) % 2 else 'attn'}.{h.group(2)}"
+                   if h else s)
+    return out
+
+
+def vl_layout(names):
+    """'vl-zyphra' (Zyphra's names, as published on the hub) or 'vl' (transformers' names)."""
+    zyphra = sum(1 for n in names if n.startswith("vision_tower.") or VL_ZYPHRA_BLOCK.match(n))
+    return "vl-zyphra" if zyphra * 2 > len(names) else "vl"
 
 
 def vl_expected_tensors(c):
@@ -717,14 +804,15 @@ def plan_tensors(c, layout, where):
     """Match every expected tensor with its source(s); refuse missing, extra or misshapen ones."""
     plan, used = [], set()
     for name, shape, kind in expected_tensors(c):
-        srcs = [name] if layout == "native" else [vl_source_name(name)] if layout == "vl" else legacy_sources(name, c)
+        srcs = ([name] if layout == "native" else [vl_source_name(name)] if layout == "vl"
+                else vl_zyphra_sources(name, c) if layout == "vl-zyphra" else legacy_sources(name, c))
         src_shape = shape if len(srcs) == 1 else shape[1:]
         for s in srcs:
             if s not in where:
                 fail("missing tensor", f"{s}" + (f" (for {name})" if s != name else ""),
                      hint="the checkpoint is incomplete or its config does not match its weights")
             got = where[s].tensors[s][1]
-            if layout == "vl" and name.endswith("patch_embed.proj.weight") and len(got) == 5 and \
+            if layout in ("vl", "vl-zyphra") and name.endswith("patch_embed.proj.weight") and len(got) == 5 and \
                     got[0] == src_shape[0] and got[1] * got[2] * got[3] * got[4] == src_shape[1]:
                 got = tuple(src_shape)          # the Conv3d [D, C, T, P, P] read as [D, C*T*P*P], same bytes
             if got != tuple(src_shape):
@@ -842,7 +930,8 @@ def pack_header(c, layout, wformat, group, n_tensors, data_off, tok_off, tok_siz
     rot = [int(c["head_dim"] * c["partial_rotary_factor"][t]) for t in LAYER_TYPES]
     h = bytearray(HEADER_SIZE)
     struct.pack_into("<8sIIQQIIIIQQQ", h, 0, MAGIC, version, 0, file_size, HEADER_SIZE, n_tensors,
-                     DTYPE_CODES[wformat], group, 0 if layout in ("native", "vl") else 1, data_off, tok_off, tok_size)
+                     DTYPE_CODES[wformat], group, 0 if layout in ("native", "vl", "vl-zyphra") else 1, data_off,
+                     tok_off, tok_size)
     struct.pack_into("<14I2iI4i2I5fIIf", h, 128,
                      c["vocab_size"], c["hidden_size"], L, c["num_attention_heads"], c["num_key_value_heads"],
                      c["head_dim"], c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"],
@@ -1029,10 +1118,10 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             except mlx_weights.MLXError as e:
                 raise ExportError(str(e))
         layout = detect_layout(cfg, where)
-        if is_vl_config(cfg):    # ZAYA1-VL (format version 3)
-            layout = "vl"
-        c = (vl_config(cfg, cfg_path) if layout == "vl" else native_config(cfg, cfg_path) if layout == "native"
-             else legacy_to_native_config(cfg, cfg_path))
+        if is_vl_config(cfg):    # ZAYA1-VL (format version 3): transformers' names or Zyphra's (the hub's)
+            layout = vl_layout(where)
+        c = (vl_config(cfg, cfg_path) if layout in ("vl", "vl-zyphra")
+             else native_config(cfg, cfg_path) if layout == "native" else legacy_to_native_config(cfg, cfg_path))
     check_config_limits(c, cfg_path)
     where = quantized_experts(cfg, cfg_path, where, layout, c, keep_quantized, log)
     plan = plan_tensors(c, layout, where)
@@ -1920,11 +2009,193 @@ def check_gguf_tokenizer(c, tok, path, tok_dir):
              "give --tokenizer the checkpoint folder this GGUF was converted from")
 
 
+# ----------------------------------------------------------------------------------------------
+# --dry-run: the checkpoint's names, shapes and dtypes against its config, without reading a weight
+# ----------------------------------------------------------------------------------------------
+
+def header_only_tensors(path):
+    """{name: (dtype, shape)} from a safetensors header alone (the data section may be absent: a header-only file
+    from tools/make_vl_checkpoint.py --header-only, or a partial download); the header itself must be whole."""
+    size, f = gguf.open_sized(path, "safetensors", 8, "at least 8 bytes", "re-download the file", fail)
+    with f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n == 0 or n > min(size - 8, 100 << 20):
+            fail("safetensors header length is out of range", path, f"1..{min(size - 8, 100 << 20)} bytes", n,
+                 "the file is truncated or not safetensors")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            fail("safetensors header is not valid JSON", path, hint=f"parser said: {e}")
+    if not isinstance(header, dict):
+        fail("safetensors header is not a JSON object", path)
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict) or not isinstance(info.get("shape"), list) or \
+                not all(type(d) is int and d >= 0 for d in info["shape"]):
+            fail("malformed tensor entry", f"{path}: tensor {name}", '{"dtype", "shape", "data_offsets"}',
+                 repr(info)[:120])
+        offs, numel = info.get("data_offsets"), 1
+        for d in info["shape"]:
+            numel *= d
+        size_of = ST_DTYPE_SIZE.get(info.get("dtype")) or QUANT_ST_DTYPE_SIZE.get(info.get("dtype"))
+        if size_of and (not isinstance(offs, list) or len(offs) != 2 or offs[1] - offs[0] != numel * size_of):
+            fail("tensor byte size does not match its shape and dtype", f"{path}: tensor {name}",
+                 f"{numel} x {size_of} = {numel * size_of} bytes", repr(offs))
+        out[name] = (info.get("dtype"), tuple(info["shape"]))
+    return out
+
+
+def dry_run_tensors(ckpt):
+    """({name: (dtype or None, shape or None, file)}, what was read) from the shards' headers, or, where the shards
+    are absent, from model.safetensors.index.json (shapes from its metadata.shapes if it has them)."""
+    index, single = os.path.join(ckpt, "model.safetensors.index.json"), os.path.join(ckpt, "model.safetensors")
+    if os.path.isfile(index):
+        idx = read_json(index, "model.safetensors.index.json")
+        wm = idx.get("weight_map") if isinstance(idx, dict) else None
+        if not isinstance(wm, dict) or not wm:
+            fail("model.safetensors.index.json has no weight_map", index)
+        files = sorted(set(wm.values()))
+        present = [fn for fn in files if isinstance(fn, str) and os.path.isfile(os.path.join(ckpt, fn))]
+        if present and len(present) != len(files):
+            fail("a shard named in the index is missing", os.path.join(ckpt, sorted(set(files) - set(present))[0]),
+                 "every shard, or none (a check of the index alone)", f"{len(present)} of {len(files)} shards")
+        if not present:
+            meta = idx.get("metadata") if isinstance(idx.get("metadata"), dict) else {}
+            shapes, dtypes = meta.get("shapes") or {}, meta.get("dtypes") or {}
+            out = {n: (dtypes.get(n), tuple(shapes[n]) if n in shapes else None, index) for n in wm}
+            return out, (f"the index alone ({len(wm)} names" +
+                         (", shapes from its metadata)" if shapes else "; no shapes)"))
+        out = {}
+        for fn in files:
+            path = os.path.join(ckpt, fn)
+            for n, (dt, shape) in header_only_tensors(path).items():
+                if n in out:
+                    fail("tensor stored twice", f"{n} in {out[n][2]} and {path}")
+                if wm.get(n) != fn:
+                    fail("tensor is not where the index says", f"{path}: {n}", wm.get(n), fn)
+                out[n] = (dt, shape, path)
+        for n, fn in wm.items():
+            if n not in out:
+                fail("tensor listed in the index is missing from its shard", f"{fn}: {n}",
+                     hint="the shard is truncated or from another checkpoint")
+        return out, f"the headers of {len(files)} shard(s)"
+    if os.path.isfile(single):
+        return {n: (dt, shape, single) for n, (dt, shape) in header_only_tensors(single).items()}, "the header"
+    fail("no weights found", ckpt, "model.safetensors or model.safetensors.index.json (+ shards)",
+         ", ".join(sorted(os.listdir(ckpt))) or "(empty folder)", "download the hub folder (the index is enough)")
+
+
+def layout_sources(name, c, layout):
+    return ([name] if layout == "native" else [vl_source_name(name)] if layout == "vl"
+            else vl_zyphra_sources(name, c) if layout == "vl-zyphra" else legacy_sources(name, c))
+
+
+LAYOUT_OF_NAME = (   # (test, the layout such a name belongs to), for the hint on an unexpected tensor
+    (lambda n: n.startswith("model.language_model.") or n.startswith("model.visual."),
+     "transformers' ZAYA1-VL layout (pull request #46011: model.language_model.*, model.visual.*)"),
+    (lambda n: n.startswith("vision_tower.") or VL_ZYPHRA_BLOCK.match(n) is not None,
+     "Zyphra's ZAYA1-VL layout (the hub's: model.layers.{i}.attn / .mlp blocks, vision_tower.*)"),
+    (lambda n: any(m in n for m in LEGACY_TENSOR_MARKERS), "the legacy text layout (the fork's half-layers)"),
+    (lambda n: ".self_attn.qkv_proj." in n or ".mlp.gate." in n or ".mlp.experts." in n,
+     "the native text layout (transformers' ZayaForCausalLM)"),
+)
+LAYOUT_TEXT = {"native": "native text layout", "legacy": "legacy text layout", "vl": LAYOUT_OF_NAME[0][1],
+               "vl-zyphra": LAYOUT_OF_NAME[1][1]}
+
+
+def dry_run(ckpt, log=print):
+    """Checks every tensor the exporter would read (name, shape, dtype) against config.json, listing every problem
+    grouped by kind; writes nothing. Returns the number of problems (0: the export would find every tensor)."""
+    if not os.path.isdir(ckpt):
+        fail("checkpoint folder not found", ckpt, "a folder", "a file" if os.path.exists(ckpt) else "nothing there",
+             "give the folder that holds config.json and the safetensors index or shards")
+    cfg_path = os.path.join(ckpt, "config.json")
+    cfg = read_json(cfg_path, "config.json")
+    if not isinstance(cfg, dict):
+        fail("config.json is not a JSON object", cfg_path)
+    tensors, read_what = dry_run_tensors(ckpt)
+    quant = next((k for k in ("quantization_config", "quantization") if cfg.get(k) is not None), None)
+    if quant or any(n.startswith("language_model.model.") for n in tensors):
+        fail("--dry-run checks unquantized Hugging Face layouts only", f"{cfg_path}: {quant}" if quant else ckpt,
+             "a checkpoint without quantization_config / quantization, in HF names",
+             f"'{quant}'" if quant else "mlx-vlm's names (language_model.model.*)",
+             "the export itself checks quantized experts and MLX folders: run it without --dry-run")
+    layout = vl_layout(tensors) if is_vl_config(cfg) else detect_layout(cfg, tensors)
+    c = (vl_config(cfg, cfg_path) if layout in ("vl", "vl-zyphra") else native_config(cfg, cfg_path)
+         if layout == "native" else legacy_to_native_config(cfg, cfg_path))
+    check_config_limits(c, cfg_path)
+    problems = []            # (kind, name, where, expected, found, hint)
+    used = set()
+    n_expected = 0
+    for name, shape, kind in expected_tensors(c):
+        srcs = layout_sources(name, c, layout)
+        want = tuple(shape if len(srcs) == 1 else shape[1:])
+        for s in srcs:
+            n_expected += 1
+            if s not in tensors:
+                problems.append(("missing tensor", s, ckpt_name(cfg_path), f"{list(want)} (for {name})"
+                                 if s != name else list(want), "absent",
+                                 "the checkpoint is incomplete, or config.json does not match its weights"))
+                continue
+            used.add(s)
+            dt, got, path = tensors[s]
+            if got is not None and name.endswith("patch_embed.proj.weight") and len(got) == 5 and \
+                    got[0] == want[0] and got[1] * got[2] * got[3] * got[4] == want[1]:
+                got = want                 # the Conv3d [D, C, T, P, P], read as [D, C*T*P*P]
+            if got is not None and got != want:
+                hint = ("transposed: the dimensions reversed" if got == want[::-1] and len(want) > 1 else
+                        "config.json does not match the weights")
+                problems.append(("tensor has the wrong shape", s, path, list(want), list(got), hint))
+            if dt is not None and dt not in ST_DTYPE_SIZE:
+                problems.append(("unsupported tensor dtype", s, path, " or ".join(ST_DTYPE_SIZE), dt,
+                                 "ZAYA1 checkpoints are published in BF16; quantized ones are checked by the export"))
+    extra = sorted(set(tensors) - used)
+    if "lm_head.weight" in extra:   # a stored tied head: the export checks it equals the embedding
+        extra.remove("lm_head.weight")
+    vl = c.get("vl")
+    for n in extra:
+        other = next((text for test, text in LAYOUT_OF_NAME if test(n)), None)
+        if other and other != LAYOUT_TEXT[layout]:
+            hint = f"a name of {other}, in a checkpoint read as {LAYOUT_TEXT[layout]}: mixed layouts"
+        elif vl and re.match(r"(vision_tower|model\.visual)\.blocks\.(\d+)\.", n):
+            hint = f"vision_config.depth is {vl['vision']['depth']} (blocks 0..{vl['vision']['depth'] - 1})"
+        elif re.match(r"model\.(language_model\.)?layers\.(\d+)\.", n):
+            hint = f"num_hidden_layers is {c['num_hidden_layers']}; or a tensor of another ZAYA1 variant"
+        else:
+            hint = "is this a ZAYA1 checkpoint of another variant?"
+        problems.append(("unexpected tensor", n, tensors[n][2], "no such tensor in this config", n, hint))
+    log(f"dry run: {ckpt}: {LAYOUT_TEXT[layout]}; {len(tensors)} tensors read from {read_what}; "
+        f"{n_expected} expected for {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_experts']} "
+        "experts" + (f", vision depth {vl['vision']['depth']} hidden {vl['vision']['hidden_size']}, LoRA ranks "
+                     f"{vl['vision_lora_rank_attn']} / {vl['vision_lora_rank_mlp']}" if vl else ""))
+    groups = {}              # one entry per kind of problem and name pattern (the numbers replaced by #)
+    for p in problems:
+        groups.setdefault((p[0], re.sub(r"\d+", "#", p[1])), []).append(p)
+    for (what, pattern), ps in groups.items():
+        kind, name, where, expected, found, hint = ps[0]
+        more = (f" (and {len(ps) - 1} more like {pattern})" if len(ps) > 4 else
+                f" (and {', '.join(p[1] for p in ps[1:])})" if len(ps) > 1 else "")
+        log("problem: " + gguf.message(what, f"{where}: {name}{more}", expected, found, hint))
+    if problems:
+        log(f"dry run: {len(problems)} problem(s) in {len(groups)} group(s); nothing written")
+    else:
+        known = [k for k, i in (("shapes", 1), ("dtypes", 0)) if all(t[i] is not None for t in tensors.values())]
+        what = "names" + ("".join(", " + k for k in known[:-1]) + " and " + known[-1] if known else " only")
+        log(f"dry run: OK ({what} checked; nothing written)")
+    return len(problems)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Export a Hugging Face ZAYA1 checkpoint folder to a zaya.c blob.")
     ap.add_argument("checkpoint", help="folder with config.json, *.safetensors, tokenizer.json, tokenizer_config.json "
                     "(or their .gz); or a .gguf of llama.cpp's ZAYA port (its own tokenizer arrays, or --tokenizer DIR)")
-    ap.add_argument("out", help="output blob, e.g. zaya1-8b.bin")
+    ap.add_argument("out", nargs="?", help="output blob, e.g. zaya1-8b.bin (not with --dry-run)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check the checkpoint's tensor names, shapes and dtypes against its config.json from the "
+                         "safetensors headers (or model.safetensors.index.json alone) and list every problem; "
+                         "reads no weights, writes nothing; exit status 1 if anything is wrong")
     ap.add_argument("--dtype", choices=sorted(DTYPE_CODES), default="fp32",
                     help="format of the big matrices (default fp32; bf16 keeps the hub's exact weights)")
     ap.add_argument("--group-size", type=int, default=None,
@@ -1948,6 +2219,17 @@ def main(argv=None):
                          "what a bf16/f16 MLX model multiplies by), or float32 (what MLX's quantized matmul uses with "
                          "float32 activations); docs/checkpoints.md")
     args = ap.parse_args(argv)
+    if args.dry_run:
+        try:
+            return 1 if dry_run(args.checkpoint) else 0
+        except ExportError as e:
+            print(f"export_weights.py: error: {e}", file=sys.stderr)
+            return 1
+        except BrokenPipeError:         # the listing piped into head: stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+    if args.out is None:
+        ap.error("the output blob is required (or give --dry-run)")
     try:
         export(args.checkpoint, args.out, args.dtype, args.group_size,
                None if args.chat_format == "auto" else args.chat_format, keep_quantized=args.keep_quantized_experts,

@@ -29,10 +29,11 @@ innocuous, 24 >= 2 x 11 + 2). NaN codes give NaN (the bits of a NaN may differ f
 tools/mlx_fixtures.py records mx.dequantize's outputs for every case; test/test_mlx.py compares bytes.
 
 The tensor names are mapped to the checkpoint's: the HF names (native or legacy) as they are; mlx-vlm's
-(`language_model.` prefix, ZAYA1-VL's blocks `model.layers.{i}.attn.*` / `.mlp.*` = legacy half-layers
-2i / 2i+1) to the legacy ones; stacked experts `...experts.linear_fc1.weight` [E, rows, cols] split into
+(`language_model.` prefix, ZAYA1-VL's blocks `model.layers.{i}.attn.*` / `.mlp.*`) to the legacy ones (half-layers
+2i / 2i+1) for a text model, to Zyphra's own ZAYA1-VL names (the hub's, blocks kept) for a VL config; stacked
+experts `...experts.linear_fc1.weight` [E, rows, cols] and their LoRA pairs `lora_fc1.0` ... split into
 `local_experts.{e}`; MLX's Conv1d weights [C, kernel, in/groups] transposed back to PyTorch's
-[C, in/groups, kernel].
+[C, in/groups, kernel], its Conv3d patch embedding [D, T, P, P, C] to [D, C, T, P, P].
 
 Python standard library only. Errors are raised as MLXError with one message (what, where, expected vs
 found, hint).
@@ -311,7 +312,7 @@ def is_mlx(cfg, where):
     if isinstance(q, dict) and ("bits" in q or "group_size" in q):
         return True
     for n, st in where.items():
-        if st.tensors[n][0] == "U32":
+        if st.tensors[n][0] == "U32" or n.startswith("language_model.model."):   # packed, or mlx-vlm's names
             return True
         if n.endswith(".scales") and n[:-7] + ".weight" in where:
             return True
@@ -373,17 +374,35 @@ def transpose_last2(raw, shape, size):
 
 
 VL_BLOCK = re.compile(r"model\.layers\.(\d+)\.(attn|mlp)\.(.*)$")
-STACKED = re.compile(r"(model\.layers\.\d+\.zaya_block\.experts)\.(linear_fc[12])\.weight$")
+STACKED = re.compile(r"(model\.layers\.\d+\.(?:mlp\.)?zaya_block\.experts)\.(linear_fc[12]|lora_fc[12]\.[01])\.weight$")
 
 
-def checkpoint_name(n):
-    """mlx-vlm's name -> the legacy checkpoint name (HF names are returned as they are)."""
+def is_vl(cfg):
+    """A ZAYA1-VL config (mlx-vlm's zaya1_vl keeps Zyphra's flat config.json, with its vision_config)."""
+    return cfg.get("model_type") == "zaya1_vl" or isinstance(cfg.get("vision_config"), dict)
+
+
+def checkpoint_name(n, vl=False):
+    """mlx-vlm's name -> the checkpoint name (HF names are returned as they are): for ZAYA1-VL (vl) Zyphra's own
+    (the hub's: model.layers.{i}.attn.* / .mlp.* blocks, vision_tower.*), else the legacy one (the blocks are
+    half-layers 2i / 2i+1)."""
     if n.startswith("language_model."):
         n = n[len("language_model."):]
     m = VL_BLOCK.match(n)
-    if m:
+    if m and not vl:
         n = f"model.layers.{2 * int(m.group(1)) + (m.group(2) == 'mlp')}.{m.group(3)}"
     return n
+
+
+def channels_first(raw, shape, size):
+    """Bytes of MLX's Conv3d weight [D, T, P, P, C] as PyTorch's [D, C, T, P, P]."""
+    a = array({2: "H", 4: "I"}[size], raw)       # elements moved whole: the byte order does not matter
+    C, block = shape[4], shape[1] * shape[2] * shape[3] * shape[4]
+    out = array(a.typecode)
+    for d in range(shape[0]):
+        for c in range(C):
+            out.extend(a[d * block + c:(d + 1) * block:C])
+    return out.tobytes()
 
 
 def open_mlx(cfg, cfg_path, where, log, compute=None):
@@ -392,8 +411,10 @@ def open_mlx(cfg, cfg_path, where, log, compute=None):
     q = cfg.get("quantization")
     if q is None:
         q = cfg.get("quantization_config")
+    bad = next((n for n in sorted(where) if where[n].tensors[n][0] == "U32" or n.endswith(".scales")), None)
+    if q is None and bad is None:   # an unquantized folder in mlx-vlm's names (mlx_vlm.convert without -q)
+        q = {}
     if q is None:
-        bad = next(n for n in sorted(where) if where[n].tensors[n][0] == "U32" or n.endswith(".scales"))
         fail("MLX quantized weights without a 'quantization' entry in config.json", f"{where[bad].path}: tensor {bad}",
              '"quantization": {"group_size": G, "bits": B, "mode": M} (as mlx_lm.convert writes it)', "none",
              "the packed U32 weights cannot be read without their bits and group size")
@@ -499,7 +520,14 @@ def rename(src, cfg):
     out = MLXTensors(src.path)
     for n in sorted(src.tensors):
         dtype, shape = src.tensors[n][0], src.tensors[n][1]
-        name = checkpoint_name(n)
+        name = checkpoint_name(n, is_vl(cfg))
+        vc = cfg.get("vision_config") or {}
+        if name.endswith("patch_embed.proj.weight") and len(shape) == 5 and shape[1] != shape[4] and \
+                shape[4] == vc.get("in_channels", vc.get("in_chans", 3)):   # MLX's Conv3d: [D, T, P, P, C]
+            out.add(name, dtype, (shape[0], shape[4], shape[1], shape[2], shape[3]),
+                    lambda b, x, n=n, shape=shape: channels_first(src.read(n, 0, src.tensors[n][3]), shape,
+                                                                  SIZE[src.tensors[n][0]])[b:x])
+            continue
         m = STACKED.match(name)
         if m and len(shape) == 3:
             per = shape[1] * shape[2] * SIZE[dtype]
