@@ -658,12 +658,14 @@ static void replay(const ZayaModel *m, ZayaState *s, const Options *o, Dump *dum
     zaya_state_reset(s, m);
     if (dump_plan(dump, info.n_tokens, m, o->model_path, o->skip_expert, info.tokens, err, sizeof err) != 0) die("%s", err);
     s->tap = dump_tap;
+    dump->image_mask = info.image;   /* ZAYA1-VL: the replay dump records the image positions it ran */
     if (zaya_replay_run(m, s, o->replay_dir, &info, stderr, err, sizeof err) != 0) die("%s", err);
     if (dump_error(dump)) die("%s", dump_error(dump));
     if (dump_finish(dump, err, sizeof err) != 0) die("%s", err);
     fprintf(stderr, "replay: wrote %s; compare with: python3 compare.py --local %s %s\n", o->dump_dir, o->replay_dir, o->dump_dir);
     dump_free(dump);
     free(info.tokens);
+    free(info.image);
 }
 
 /* --dump-vision: one vision tap as DIR/NAME.npy, float32 [rows, cols] (a failed write ends the run). */

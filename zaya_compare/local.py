@@ -25,7 +25,7 @@ from . import legit
 from .diagnose import GGML_PRODUCTS, diagnose
 from .dumps import Dump, InputError, declared_weights, guarded, need_router_indices, own_weights, worst_position
 from .metrics import common_vocabulary, fmt, fsum, row_metrics
-from .names import ATOL, LAYER_OUTPUT, is_logits, LAYER_STATE, execution_order, kind_of, layer_of
+from .names import ATOL, LAYER_OUTPUT, is_logits, LAYER_STATE, VL_STEPS, execution_order, kind_of, layer_of
 
 # A bf16 port's local error of a tap may be this many times zaya.c's local bf16 envelope (the bf16
 # replay against the fp32 replay of the same inputs): docs/compare.md has the measurements (legitimate
@@ -292,6 +292,9 @@ def report(args, port, replay, env, ref, rows, first, names):
         prev = [n for n in names if n.startswith(f"model.layers.{layer}.")]
         before = prev[prev.index(name) - 1] if prev.index(name) > 0 else f"the input of layer {layer}"
         evidence = "".join(f"\n  {ln}" for ln in d.code_lines())
+        step = name.split(".", 3)[-1]
+        if getattr(port, "image_positions", None) and step in VL_STEPS:   # ZAYA1-VL
+            evidence += f"\n  ZAYA1-VL: at the image positions this step also adds {VL_STEPS[step]}"
         print(f"\nFIRST LOCAL ERROR: layer {layer}, {name}\n  {why}{evidence}\n  every layer before it recomputes from "
               f"the port's inputs within tolerance; look at the port's computation between {before} and {name}")
         print("RESULT: LOCAL ERROR")

@@ -116,6 +116,20 @@ DEPS = {
     "post_mlp_residual_scale": ["mlp.experts", "post_attention_residual_scale"],
 }
 
+# ZAYA1-VL: what a decoder step adds at image positions that no tap shows alone (zaya.c and the official code tap
+# q_proj, k_proj, v_proj_*, o_proj before their LoRA): the first tap each reaches (docs/architecture.md §V.9-10)
+VL_STEPS = {
+    "self_attn.qkv_proj.conv_qk_depthwise": "the q_proj / k_proj vision LoRA (B (A h), added to u = [q~ ; k~] before "
+                                            "the convolutions)",
+    "self_attn.qkv_proj:query_residual": "the q_proj / k_proj vision LoRA (added to u before the residual mix)",
+    "self_attn.qkv_proj:key_residual": "the q_proj / k_proj vision LoRA (added to u before the residual mix)",
+    "self_attn.qkv_proj:value": "the v_proj_current / v_proj_delayed vision LoRA (added before the delay)",
+    "self_attn:attn_output": "the bidirectional image mask (an image position attends to every image position)",
+    "post_attention_residual_scale": "o_proj's vision LoRA (o_lora_b (o_lora_a attn_output), added to o_proj's "
+                                     "output)",
+    "mlp.experts": "each expert's vision LoRA (lora_gate_up_proj, lora_down_proj)",
+}
+
 
 def vision_order(depth):
     """Every vision tower tensor zaya.c's --dump --image writes for a tower of `depth` blocks, in execution order."""
