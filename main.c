@@ -814,13 +814,12 @@ int main(int argc, char **argv) {
                 m.vision_start_id, m.vision_end_id);
     }
     unsigned char *image_mask = NULL;   /* --dump: the positions that take the image features (zaya.c's rule) */
-    if (features && o.dump_dir) {
+    if (features && (o.dump_dir || o.trace_pos >= 0)) {   /* and --trace */
         image_mask = calloc((size_t)n_prompt + 1, 1);
         if (!image_mask) die("out of memory");
         for (int t = 0, k = 0; t < n_prompt && k < n_features; t++)
             if (prompt[t] == m.image_token_id) image_mask[t] = 1, k++;
-        dump.image_mask = image_mask;
-        dump.image_json = image_json;
+        if (o.dump_dir) dump.image_mask = image_mask, dump.image_json = image_json;
     }
     int ctx = o.ctx ? o.ctx : (c->max_position < 4096 ? c->max_position : 4096);
     if (ctx > c->max_position) die("--ctx %d is larger than the model's max_position_embeddings %d", ctx, c->max_position);
@@ -844,6 +843,7 @@ int main(int argc, char **argv) {
     if (o.trace_pos >= 0) {
         if (zaya_trace_init(&trace, &m, o.trace_pos, o.trace_layer, prompt, n_prompt, o.skip_expert, stdout, err, sizeof err) != 0)
             die("%s", err);
+        if (image_mask && zaya_trace_set_images(&trace, image_mask, err, sizeof err) != 0) die("%s", err);
         s.tap = zaya_trace_tap;
         s.tap_ctx = &trace;
     }
