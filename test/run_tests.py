@@ -57,6 +57,7 @@ TESTS = [
     ("arm", [sys.executable, "test/test_arm.py"]),
     ("vision", [sys.executable, "test/test_vision.py"]),
     ("vl", [sys.executable, "test/test_vl.py"]),
+    ("vl_tools", [sys.executable, "test/test_vl_tools.py"]),
     ("ggml_round", ["build/test_ggml_round", "test/test_ggml_round.c"]),
     ("ggml_capture", [sys.executable, "test/test_ggml_capture.py"]),
 ]

@@ -461,7 +461,8 @@ def report(c, verbose):
                  "embedding (test/test_vl.py checks the preprocessing)"))
     elif first:
         t0 = first["first_bad"]
-        print(f"FIRST DIVERGENCE: {first['name']} at {position_text(c.test, t0)}")
+        print(f"FIRST DIVERGENCE: {first['name']} at position {t0}"
+              + (", an image position" if t0 in c.test.image_positions else ""))
         prev = [x for x in c.results if x["exec"] < first["exec"]]
         if prev:
             print(f"  every tensor before it agrees at positions <= {t0} and all tensors agree at positions < {t0}; "
