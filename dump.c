@@ -552,7 +552,8 @@ void dump_tap(void *ctx, const ZayaTap *tap) {
 static int write_whole(Dump *d, DumpTensor *t, const void *data, size_t bytes) {
     if (d->safetensors) {
         if (write_at(d->fd, data, bytes, 8 + d->header_room + t->offset) != 0) {
-            tap_fail(d, "cannot write tensor %s to %s: %s\n  hint: check the disk space", t->name, d->path, strerror(errno));
+            tap_fail(d, "cannot write tensor %s to %s: %s\n  hint: check the disk space", t->name, d->path,
+                     strerror(errno));
             return -1;
         }
         return 0;
@@ -565,7 +566,8 @@ static int write_whole(Dump *d, DumpTensor *t, const void *data, size_t bytes) {
     int e = errno;
     if (fd >= 0 && close(fd) != 0) ok = 0;
     if (!ok) {
-        tap_fail(d, "cannot write %s: %s\n  hint: check the disk space and that the folder is writable", path, strerror(e));
+        tap_fail(d, "cannot write %s: %s\n  hint: check the disk space and that the folder is writable", path,
+                 strerror(e));
         return -1;
     }
     return 0;

@@ -27,7 +27,7 @@ typedef struct {
     int is_int, ndim, shape[2];   /* of one row; state tensors: the full shape (after the run) */
     size_t row;              /* values per position (state tensors: all values) */
     int state;               /* 1 = written once, whole: after the last position (zaya_state_taps), or a vision tap */
-    int vision;              /* 1 = a ZAYA1-VL vision tower tensor (dump_vision_tap): [rows, cols], before the decoder */
+    int vision;              /* 1 = a ZAYA1-VL vision tower tensor (dump_vision_tap): [rows, cols], first */
     float *held;             /* safetensors: a vision tensor's values until dump_plan places them */
     int skip;                /* 1 = left out by --dump-filter */
     size_t rows;             /* positions written so far (state tensors: 1 once written) */

@@ -143,9 +143,10 @@ static int read_image_positions(const char *dir, int T, unsigned char *image, ch
         }
     }
     free(text);
-    if (!ok) return zaya_fail(err, errlen, "replay: %s: image_positions is not a list of [first, end) ranges within the "
-                              "%d positions\n  expected: e.g. \"image_positions\": [[2, 37]] (docs/golden-formats.md)",
-                              path, T);
+    if (!ok)
+        return zaya_fail(err, errlen, "replay: %s: image_positions is not a list of [first, end) ranges within the %d "
+                         "positions\n  expected: e.g. \"image_positions\": [[2, 37]] (docs/golden-formats.md)", path,
+                         T);
     return n;
 }
 
@@ -207,10 +208,10 @@ int zaya_replay_run(const ZayaModel *m, ZayaState *s, const char *dir, const Rep
     if (!r) {   /* layer 0's input from the ids: zaya.c's embedding and input scaling (not a replay tap) */
         float *features = NULL;   /* ZAYA1-VL: the image positions take the port's image features */
         if (info->image && !(features = read_port_tensor(dir, "model.visual", info->n_image, H, err, errlen))) {
-            if (!err[0]) zaya_fail(err, errlen, "replay: the port's dump has %d image positions but neither "
-                                   "model:input_scaled nor model.visual (the image features, [%d, %d])\n  hint: dump "
-                                   "the decoder's input (model:input_scaled) or the vision tower's output", info->n_image,
-                                   info->n_image, H);
+            if (!err[0])
+                zaya_fail(err, errlen, "replay: the port's dump has %d image positions but neither model:input_scaled "
+                          "nor model.visual (the image features, [%d, %d])\n  hint: dump the decoder's input "
+                          "(model:input_scaled) or the vision tower's output", info->n_image, info->n_image, H);
             free(rho);
             return -1;
         }
@@ -257,7 +258,11 @@ int zaya_replay_run(const ZayaModel *m, ZayaState *s, const char *dir, const Rep
                 fprintf(log, "replay: layer %d: the dump has no %s; EDA uses zaya.c's replay of layer %d\n", i, name, i - 1);
         }
         zaya_state_reset(s, m);
-        if (zaya_replay_layer(m, s, i, r, rho, T, err, errlen) != 0) { free(r); free(rho); s->image_mask = NULL; return -1; }
+        if (zaya_replay_layer(m, s, i, r, rho, T, err, errlen) != 0) {
+            free(r), free(rho);
+            s->image_mask = NULL;
+            return -1;
+        }
     }
     s->image_mask = NULL;
     free(r);

@@ -13,7 +13,7 @@ typedef struct {
     unsigned char router_state_from_port[ZAYA_MAX_LAYERS];  /* [i]: layer i's EDA read the port's state of layer i-1 */
     unsigned char *image;                                   /* ZAYA1-VL: [n_tokens] 1 at image positions, or NULL */
     int n_image;                                            /* image positions */
-    int image_from_index;                                   /* 1: index.json's image_positions; 0: the image token ids */
+    int image_from_index;                                   /* 1: index.json's image_positions; 0: the image ids */
 } ReplayInfo;
 
 /* Reads the port's dump in dir: its ids (index.json "tokens"), which of the tensors that replay can
