@@ -12,7 +12,8 @@ On the ZAYA1-VL fixture (test/fixtures/vl, exported as test_vl.py does) and its 
 - `--replay` + compare.py --local: zaya.c's own VL dump replays at local error <= 1e-7 in every layer; a run with
   layer 3's o_lora_b zeroed (a modified blob) is located at layer 3 post_attention_residual_scale, at an image
   position, with the o_proj LoRA named; the official golden (no model:input_scaled: layer 0 from the port's
-  model.visual) replays within 1e-6 per layer;
+  model.visual) replays within 1e-6 per layer; zaya.c's own bf16 VL run passes --local --bf16 (the step check
+  leaves out the image positions of the steps the untapped vision LoRA reaches);
 - `--trace` at an image position: the vision LoRA norms equal the official LoRA taps' rows (q, k, v_current,
   v_delayed, o), the attended keys are the window and every image position.
 """
@@ -186,6 +187,14 @@ def replays(tmp, blob, ours):
     with open(os.path.join(replay, "index.json")) as f:
         check(json.load(f).get("image_positions") == mask_ranges(case), f"{case}: the replay dump records the image "
               "positions it ran", "no or other image_positions")
+    bf16 = os.path.join(tmp, "zaya_image_b_bf16")   # a legitimate bf16 run: the step check leaves out what the LoRA adds
+    rc, _, err = run([ZAYA, blob, "--image", os.path.join(VL, "image_b", "image.png"), "--ids",
+                      ",".join(map(str, ids_of("image_b"))), "--dump", bf16, "--precision", "bf16"])
+    if check(rc == 0, "image_b: a bf16 run dumps", err[-300:]):
+        rc, text = compare("--local", bf16, "--model", blob, "--bf16")
+        check(rc == 0 and "RESULT: every layer agrees locally" in text and "STEP CHECK: " in text
+              and "every one within the rounding-error bound" in text,
+              "image_b: zaya.c's own bf16 VL run passes --local --bf16 (step check, tier 2)", text[-600:])
     broken = os.path.join(tmp, "no_o_lora.bin")
     if not check(zero_tensor(blob, broken, "model.layers.3.self_attn.o_lora_b.weight"),
                  "the blob has model.layers.3.self_attn.o_lora_b.weight (to zero it)"):
