@@ -636,6 +636,10 @@ static void replay(const ZayaModel *m, ZayaState *s, const Options *o, Dump *dum
     if (info.n_tokens > s->ctx)
         die("replay: the port's dump has %d positions, the context %d\n  hint: raise --ctx (max %d)", info.n_tokens, s->ctx,
             m->config.max_position);
+    /* ZAYA1-VL: the tower's blocks first (whole tensors, before the decoder's in the dump) */
+    if (zaya_replay_vision(m, o->threads, o->replay_dir, dump_vision_tap, dump, stderr, err, sizeof err) < 0)
+        die("%s", err);
+    if (dump_error(dump)) die("%s", dump_error(dump));
     int len = snprintf(json, sizeof json, "{\"of\": \"");
     for (const char *p = o->replay_dir; *p && len < 2048; p++)
         if ((unsigned char)*p >= 0x20) len += snprintf(json + len, sizeof json - (size_t)len, "%s%c", *p == '"' || *p == '\\' ? "\\" : "", *p);

@@ -269,3 +269,49 @@ int zaya_replay_run(const ZayaModel *m, ZayaState *s, const char *dir, const Rep
     free(rho);
     return 0;
 }
+
+/* ZAYA1-VL: the first image's patch grid from index.json's "image_grid_thw": [1, h, w]; 0, or -1 when absent. */
+static int read_grid(const char *dir, int *gh, int *gw) {
+    char path[4096], text[65536];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t got = fread(text, 1, sizeof text - 1, f);   /* the field comes before the tensor list */
+    fclose(f);
+    text[got] = 0;
+    const char *p = strstr(text, "\"image_grid_thw\"");
+    long t = 0, h = 0, w = 0;
+    return p && sscanf(p, "\"image_grid_thw\": [%ld, %ld, %ld]", &t, &h, &w) == 3 && t == 1 && h > 0 && w > 0 &&
+           h <= 4096 && w <= 4096 ? (*gh = (int)h, *gw = (int)w, 0) : -1;
+}
+
+int zaya_replay_vision(const ZayaModel *m, int threads, const char *dir, ZayaVisionTapFn tap, void *tap_ctx, FILE *log,
+                       char *err, size_t errlen) {
+    err[0] = 0;
+    int gh = 0, gw = 0, done = 0;
+    if (!m->vl || !port_has(dir, "model.visual.patch_embed")) return 0;
+    if (read_grid(dir, &gh, &gw) != 0) {
+        if (log) fprintf(log, "replay: the dump has the vision tower but no images[0].image_grid_thw in index.json: the "
+                         "tower is not replayed\n");
+        return 0;
+    }
+    const int n = gh * gw, D = m->vision.config.hidden_size;
+    for (int i = 0; i < m->vision.config.depth; i++) {
+        char name[160];
+        if (i == 0) snprintf(name, sizeof name, "model.visual.patch_embed");
+        else snprintf(name, sizeof name, "model.visual.blocks.%d", i - 1);
+        float *x = read_port_tensor(dir, name, n, D, err, errlen);
+        if (!x && err[0]) return -1;
+        if (!x) {
+            if (log) fprintf(log, "replay: the dump has no %s: vision block %d is not replayed\n", name, i);
+            continue;
+        }
+        int rc = zaya_vision_replay_block(&m->vision, threads, i, x, i == 0, gh, gw, tap, tap_ctx, err, errlen);
+        free(x);
+        if (rc != 0) return -1;
+        done++;
+    }
+    if (log) fprintf(log, "replay: %d vision blocks, each from the port's input to it (a %d x %d patch grid)\n", done,
+                     gh, gw);
+    return done;
+}

@@ -34,4 +34,11 @@ int zaya_replay_open(const ZayaModel *m, const char *dir, ReplayInfo *info, char
 int zaya_replay_run(const ZayaModel *m, ZayaState *s, const char *dir, const ReplayInfo *info, FILE *log, char *err,
                     size_t errlen);
 
+/* ZAYA1-VL: every block of the vision tower recomputed from the port's input to it (its model.visual.patch_embed
+ * for block 0, model.visual.blocks.{N-1} after), on the grid of index.json's first "image_grid_thw", reporting
+ * the blocks' taps to tap (zaya_vision_replay_block). A block whose input the dump lacks is left out (said on
+ * log). Returns the number of blocks replayed (0: a text model, or no tower in the dump), or -1 with err. */
+int zaya_replay_vision(const ZayaModel *m, int threads, const char *dir, ZayaVisionTapFn tap, void *tap_ctx, FILE *log,
+                       char *err, size_t errlen);
+
 #endif /* ZAYA_REPLAY_H */

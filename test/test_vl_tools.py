@@ -14,6 +14,8 @@ On the ZAYA1-VL fixture (test/fixtures/vl, exported as test_vl.py does) and its 
   position, with the o_proj LoRA named; the official golden (no model:input_scaled: layer 0 from the port's
   model.visual) replays within 1e-6 per layer; zaya.c's own bf16 VL run passes --local --bf16 (the step check
   leaves out the image positions of the steps the untapped vision LoRA reaches);
+- the tower's blocks replayed each from the port's input (--replay; --local's tower table): zaya.c's own at 0, a
+  block's MLP off in one row located at that block and row, the official golden's within 1e-6;
 - `--trace` at an image position: the vision LoRA norms equal the official LoRA taps' rows (q, k, v_current,
   v_delayed, o), the attended keys are the window and every image position.
 """
@@ -183,6 +185,8 @@ def replays(tmp, blob, ours):
           and all(x is not None and x <= 1e-7 for x in local),
           f"{case}: zaya.c's own VL dump replays with local error <= 1e-7 at every tap of every layer "
           f"(largest {max(local, default=None)})", text[-600:])
+    check(re.search(r"vision tower \(each block recomputed.*\n.*\n\s+0\s+0\s+-\n\s+1\s+0\s+-\n", text) is not None,
+          f"{case}: --local replays the 2 vision blocks from the port's inputs, local error 0", text[-900:])
     replay = d + "_replay_fp32"
     with open(os.path.join(replay, "index.json")) as f:
         check(json.load(f).get("image_positions") == mask_ranges(case), f"{case}: the replay dump records the image "
@@ -195,6 +199,17 @@ def replays(tmp, blob, ours):
         check(rc == 0 and "RESULT: every layer agrees locally" in text and "STEP CHECK: " in text
               and "every one within the rounding-error bound" in text,
               "image_b: zaya.c's own bf16 VL run passes --local --bf16 (step check, tier 2)", text[-600:])
+    tower = os.path.join(tmp, "port_tower")   # a port whose block 1 MLP is off in one patch row (0.1 %)
+    shutil.copytree(d, tower, ignore=shutil.ignore_patterns("*_replay*"))
+    path = os.path.join(tower, "model.visual.blocks.1.mlp.npy")
+    if check(os.path.exists(path), f"{case}: the dump has model.visual.blocks.1.mlp (to perturb it)"):
+        x = np.load(path)
+        x[9] *= 1.001
+        np.save(path, x)
+        rc, text = compare("--local", tower, "--model", blob)
+        check(rc == 1 and "FIRST LOCAL ERROR: vision block 1, model.visual.blocks.1.mlp" in text
+              and "largest row error at row 9" in text, "a tower block's MLP off in one row: located at vision block 1, "
+              "model.visual.blocks.1.mlp, row 9", text[-600:])
     broken = os.path.join(tmp, "no_o_lora.bin")
     if not check(zero_tensor(blob, broken, "model.layers.3.self_attn.o_lora_b.weight"),
                  "the blob has model.layers.3.self_attn.o_lora_b.weight (to zero it)"):
@@ -226,6 +241,12 @@ def replays(tmp, blob, ours):
                     np.load(os.path.join(ref, f"model.layers.{i}.post_mlp_residual_scale.npy"))) for i in range(6))
     check(worst <= 1e-6, f"{case}: the official run replays within rel L2 1e-6 per layer (worst {worst:.2g})",
           f"{worst:.3g}")
+    names = [f"model.visual.blocks.{i}" for i in range(2)]
+    have = [n for n in names if os.path.exists(os.path.join(out, n + ".npy"))]
+    worst = max((rel(np.load(os.path.join(out, n + ".npy")), np.load(os.path.join(ref, n + ".npy"))) for n in have),
+                default=1.0)
+    check(len(have) == 2 and worst <= 1e-6, f"{case}: the official tower's 2 blocks replay within rel L2 1e-6 each "
+          f"(worst {worst:.2g})", f"{len(have)} blocks, worst {worst:.3g}")
 
 
 def trace(blob):
