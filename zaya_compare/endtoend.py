@@ -455,7 +455,7 @@ def report(c, verbose):
     if first and is_vision(first["name"]):
         print(f"FIRST DIVERGENCE: {first['name']} (the vision tower), row {first['first_bad']} ({vision_rows(first)})")
         prev = [x for x in c.results if x["exec"] < first["exec"]]
-        print(f"  the vision tower runs before the decoder: every decoder tensor after it follows from it; "
+        print("  the vision tower runs before the decoder: every decoder tensor after it follows from it; "
               + (f"every tower tensor before it agrees: look at the computation between {prev[-1]['name']} and "
                  f"{first['name']}" if prev else "it is the tower's first tensor: look at the pixels and the patch "
                  "embedding (test/test_vl.py checks the preprocessing)"))
