@@ -272,6 +272,19 @@ static const char *precision_name(const Dump *d) {
     return zaya_precision_name(d->precision, d->placement, name, sizeof name);
 }
 
+/* ZAYA1-VL: the positions that take image features, as [first, end) ranges: [[2, 37]] */
+static void write_image_positions(FILE *f, const Dump *d, int worst) {
+    (void)worst;
+    fputc('[', f);
+    for (int t = 0, k = 0; t < d->T; t++) {
+        if (!d->image_mask[t] || (t > 0 && d->image_mask[t - 1])) continue;
+        int end = t;
+        while (end < d->T && d->image_mask[end]) end++;
+        fprintf(f, "%s[%d, %d]", k++ ? ", " : "", t, end);
+    }
+    fputc(']', f);
+}
+
 static void write_tokens(FILE *f, const Dump *d) {
     fputc('[', f);
     for (int i = 0; i < d->T; i++) fprintf(f, "%s%d", i ? ", " : "", d->tokens[i]);
@@ -332,6 +345,11 @@ static int write_index_json(const Dump *d, char *err, size_t errlen) {
     if (d->placement & (ZAYA_GGML | ZAYA_GGML_REF))   /* fp32 with ggml's roundings (ggml_round.h) */
         fprintf(f, ",\n  \"arithmetic\": \"%s\"", precision_name(d));
     if (d->replay_json) fprintf(f, ",\n  \"replay\": %s", d->replay_json);
+    if (d->image_mask) {
+        fputs(",\n  \"image_positions\": ", f);
+        write_image_positions(f, d, 0);
+    }
+    if (d->image_json) fprintf(f, ",\n  \"images\": %s", d->image_json);
     fputs(",\n  \"tokens\": ", f);
     write_tokens(f, d);
     fputs(",\n  \"tensors\": [\n", f);
@@ -406,6 +424,12 @@ static char *st_header(const Dump *d, int worst, size_t *len) {
         put_escaped(f, d->replay_json, strlen(d->replay_json));
         fputc('"', f);
     }
+    if (d->image_mask) meta_json(f, "image_positions", write_image_positions, d, worst);
+    if (d->image_json) {
+        fputs(",\"images\":\"", f);
+        put_escaped(f, d->image_json, strlen(d->image_json));
+        fputc('"', f);
+    }
     meta_json(f, "tokens", meta_tokens, d, worst);
     meta_json(f, "tensors", meta_entries, d, worst);
     fputc('}', f);
@@ -428,6 +452,8 @@ static char *st_header(const Dump *d, int worst, size_t *len) {
 
 /* ---- the run ---- */
 
+static int write_whole(Dump *d, DumpTensor *t, const void *data, size_t bytes);
+
 int dump_plan(Dump *d, int T, const ZayaModel *m, const char *model_path, int skip_mode, const int *tokens,
               char *err, size_t errlen) {
     if (d->err[0]) return zaya_fail(err, errlen, "%s", d->err);
@@ -436,6 +462,12 @@ int dump_plan(Dump *d, int T, const ZayaModel *m, const char *model_path, int sk
     d->model_path = model_path;
     d->skip_mode = skip_mode;
     d->tokens = tokens;
+    for (int i = 0; d->safetensors && i < d->n; i++) {   /* the vision tower's tensors first: they run first */
+        DumpTensor *t = &d->t[i];
+        if (t->skip || !t->vision) continue;
+        t->offset = d->end;
+        d->end += t->row * 4;
+    }
     for (int i = 0; i < d->n; i++) {
         DumpTensor *t = &d->t[i];
         if (t->skip || t->state) continue;
@@ -467,6 +499,14 @@ int dump_plan(Dump *d, int T, const ZayaModel *m, const char *model_path, int sk
         if (!h) return zaya_fail(err, errlen, "out of memory in --dump");
         free(h);
         d->header_room = (len + 7) / 8 * 8;   /* the data starts 8-byte aligned, as the reference writer does */
+        for (int i = 0; i < d->n; i++) {
+            DumpTensor *t = &d->t[i];
+            if (!t->held) continue;
+            int bad = write_whole(d, t, t->held, t->row * 4);
+            free(t->held);
+            t->held = NULL;
+            if (bad) return zaya_fail(err, errlen, "%s", d->err);
+        }
     }
     return 0;
 }
@@ -508,6 +548,31 @@ void dump_tap(void *ctx, const ZayaTap *tap) {
     t->rows++;
 }
 
+/* Writes a whole tensor (a state tensor after the run, or a vision tensor) at its place; 0 or -1 (tap_fail). */
+static int write_whole(Dump *d, DumpTensor *t, const void *data, size_t bytes) {
+    if (d->safetensors) {
+        if (write_at(d->fd, data, bytes, 8 + d->header_room + t->offset) != 0) {
+            tap_fail(d, "cannot write tensor %s to %s: %s\n  hint: check the disk space", t->name, d->path,
+                     strerror(errno));
+            return -1;
+        }
+        return 0;
+    }
+    char path[4400], header[256];
+    npy_path(d, t, path, sizeof path);
+    int len = npy_header(d, t, header);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    int ok = fd >= 0 && write_at(fd, header, (size_t)len, 0) == 0 && write_at(fd, data, bytes, (uint64_t)len) == 0;
+    int e = errno;
+    if (fd >= 0 && close(fd) != 0) ok = 0;
+    if (!ok) {
+        tap_fail(d, "cannot write %s: %s\n  hint: check the disk space and that the folder is writable", path,
+                 strerror(e));
+        return -1;
+    }
+    return 0;
+}
+
 void dump_state_tap(void *ctx, const ZayaTap *tap) {
     Dump *d = ctx;
     if (d->err[0]) return;
@@ -519,35 +584,45 @@ void dump_state_tap(void *ctx, const ZayaTap *tap) {
     }
     DumpTensor *t = &d->t[idx];
     if (t->skip) return;
-    if (!t->state || t->rows || tap->ndim != t->ndim || tap->is_int != t->is_int) {
+    if (!t->state || t->vision || t->rows || tap->ndim != t->ndim || tap->is_int != t->is_int) {
         tap_fail(d, "--dump: state tensor %s arrived twice or with another shape", t->name);
         return;
     }
     t->shape[0] = tap->shape[0];
     t->shape[1] = tap->shape[1];
     t->row = tap->ndim == 0 ? 1 : tap->ndim == 1 ? (size_t)tap->shape[0] : (size_t)tap->shape[0] * tap->shape[1];
-    size_t bytes = t->row * 4;
     if (d->safetensors) {
         t->offset = d->end;
-        d->end += bytes;
-        if (write_at(d->fd, tap->data, bytes, 8 + d->header_room + t->offset) != 0) {
-            tap_fail(d, "cannot write tensor %s to %s: %s\n  hint: check the disk space", t->name, d->path, strerror(errno));
-            return;
-        }
-    } else {
-        char path[4400], header[256];
-        npy_path(d, t, path, sizeof path);
-        int len = npy_header(d, t, header);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
-        int ok = fd >= 0 && write_at(fd, header, (size_t)len, 0) == 0 && write_at(fd, tap->data, bytes, (uint64_t)len) == 0;
-        int e = errno;
-        if (fd >= 0 && close(fd) != 0) ok = 0;
-        if (!ok) {
-            tap_fail(d, "cannot write %s: %s\n  hint: check the disk space and that the folder is writable", path, strerror(e));
-            return;
-        }
+        d->end += t->row * 4;
     }
+    if (write_whole(d, t, tap->data, t->row * 4) != 0) return;
     stats_add(t, tap->data, t->row);
+    t->rows = 1;
+}
+
+void dump_vision_tap(void *ctx, const char *name, const float *x, int rows, int cols) {
+    Dump *d = ctx;
+    if (d->err[0]) return;
+    const ZayaTap tap = {name, -1, -1, 0, 2, {rows, cols}, x, 0};
+    if (d->T || find(d, &tap) >= 0) {
+        tap_fail(d, "--dump: the vision tensor %s arrived %s\n  hint: one --image per run; the tower runs before the "
+                 "decoder (dump.c)", name, d->T ? "after the files were laid out" : "twice");
+        return;
+    }
+    learn(d, &tap, 1);
+    if (d->err[0]) return;
+    DumpTensor *t = &d->t[d->n - 1];
+    t->vision = 1;
+    if (t->skip) return;
+    const size_t bytes = t->row * 4;
+    if (d->safetensors) {   /* the data region starts behind the header, sized in dump_plan: kept until then */
+        t->held = malloc(bytes + 1);
+        if (!t->held) { tap_fail(d, "out of memory in --dump (vision tensor %s, %zu bytes)", name, bytes); return; }
+        memcpy(t->held, x, bytes);
+    } else if (write_whole(d, t, x, bytes) != 0) {
+        return;
+    }
+    stats_add(t, x, t->row);
     t->rows = 1;
 }
 
@@ -601,8 +676,10 @@ int dump_finish(Dump *d, char *err, size_t errlen) {
 }
 
 void dump_free(Dump *d) {
-    for (int i = 0; i < d->n; i++)
+    for (int i = 0; i < d->n; i++) {
         if (d->t[i].fd >= 0) close(d->t[i].fd);
+        free(d->t[i].held);
+    }
     if (d->fd >= 0) close(d->fd);
     free(d->t);
     free(d->hash);

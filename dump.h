@@ -26,7 +26,9 @@ typedef struct {
     int base, layer;         /* name + base is the tap's own name; its layer (-1 = model level) */
     int is_int, ndim, shape[2];   /* of one row; state tensors: the full shape (after the run) */
     size_t row;              /* values per position (state tensors: all values) */
-    int state;               /* 1 = written once after the last position (zaya_state_taps) */
+    int state;               /* 1 = written once, whole: after the last position (zaya_state_taps), or a vision tap */
+    int vision;              /* 1 = a ZAYA1-VL vision tower tensor (dump_vision_tap): [rows, cols], first */
+    float *held;             /* safetensors: a vision tensor's values until dump_plan places them */
     int skip;                /* 1 = left out by --dump-filter */
     size_t rows;             /* positions written so far (state tensors: 1 once written) */
     uint64_t offset;         /* npy: data start in its file; safetensors: data_offsets begin */
@@ -55,6 +57,8 @@ typedef struct {
     int precision;           /* ZAYA_PRECISION_*: recorded in the index unless fp32 */
     int placement;           /* ZAYA_BF16_* flags, recorded with the precision */
     const char *replay_json; /* a replay's "replay" object (JSON text), or NULL */
+    const unsigned char *image_mask;   /* ZAYA1-VL: [T] 1 at the positions that take image features, or NULL */
+    const char *image_json;  /* ZAYA1-VL: the "images" list (JSON text: file, size, grid, positions), or NULL */
     char err[1024];          /* the first error of a tap callback ("" = none) */
 } Dump;
 
@@ -71,6 +75,11 @@ void dump_learn_state(void *ctx, const ZayaTap *tap);
  * is reserved behind room for the header). The index fields are kept for dump_finish. */
 int dump_plan(Dump *d, int T, const ZayaModel *m, const char *model_path, int skip_mode, const int *tokens,
               char *err, size_t errlen);
+
+/* ZAYA1-VL (a ZayaVisionTapFn, vision.h): one vision tower tensor of --image, [rows, cols] floats in the row
+ * order HF holds it, given before dump_plan; written whole under its HF name (model.visual.*), before the
+ * decoder's tensors in execution order (the folder: at once; safetensors: kept until dump_plan places it). */
+void dump_vision_tap(void *ctx, const char *name, const float *x, int rows, int cols);
 
 /* Tap callbacks of the real run: each row written at its place; state tensors after the run. */
 void dump_tap(void *ctx, const ZayaTap *tap);

@@ -140,10 +140,12 @@ static void usage(FILE *f) {
           "  --dump DIR         write every intermediate tensor (HF module paths) as .npy + index.json,\n"
           "                     streamed as the model runs (index.json last: it marks the dump complete)\n"
           "  --dump F.safetensors  the same tensors in one safetensors file (index.json's fields in __metadata__)\n"
+          "                     ZAYA1-VL with --image: the vision tower's tensors (model.visual.*) first, and\n"
+          "                     index.json's image_positions: the positions that take the image features\n"
           "  --dump-filter RE   only tensors whose name matches the POSIX extended regex RE\n"
           "  --list-taps        print the names and shapes of all tensors --dump writes\n"
-          "  --dump-vision DIR  ZAYA1-VL: every vision tower tensor of --image as DIR/NAME.npy (HF module paths,\n"
-          "                     [rows, cols] in the row order HF holds them: window order inside the blocks)\n"
+          "  --dump-vision DIR  ZAYA1-VL: the vision tower's tensors of --image alone, as DIR/NAME.npy (HF module\n"
+          "                     paths, [rows, cols] in the row order HF holds them: window order in the blocks)\n"
           "  --replay PORT_DUMP with --dump OUT: every layer recomputed from the port's own input to it (the\n"
           "                     residual stream its dump holds); compare.py --local PORT_DUMP OUT says where\n"
           "                     an error enters (docs/compare.md)\n"
@@ -634,6 +636,10 @@ static void replay(const ZayaModel *m, ZayaState *s, const Options *o, Dump *dum
     if (info.n_tokens > s->ctx)
         die("replay: the port's dump has %d positions, the context %d\n  hint: raise --ctx (max %d)", info.n_tokens, s->ctx,
             m->config.max_position);
+    /* ZAYA1-VL: the tower's blocks first (whole tensors, before the decoder's in the dump) */
+    if (zaya_replay_vision(m, o->threads, o->replay_dir, dump_vision_tap, dump, stderr, err, sizeof err) < 0)
+        die("%s", err);
+    if (dump_error(dump)) die("%s", dump_error(dump));
     int len = snprintf(json, sizeof json, "{\"of\": \"");
     for (const char *p = o->replay_dir; *p && len < 2048; p++)
         if ((unsigned char)*p >= 0x20) len += snprintf(json + len, sizeof json - (size_t)len, "%s%c", *p == '"' || *p == '\\' ? "\\" : "", *p);
@@ -656,18 +662,20 @@ static void replay(const ZayaModel *m, ZayaState *s, const Options *o, Dump *dum
     zaya_state_reset(s, m);
     if (dump_plan(dump, info.n_tokens, m, o->model_path, o->skip_expert, info.tokens, err, sizeof err) != 0) die("%s", err);
     s->tap = dump_tap;
+    dump->image_mask = info.image;   /* ZAYA1-VL: the replay dump records the image positions it ran */
     if (zaya_replay_run(m, s, o->replay_dir, &info, stderr, err, sizeof err) != 0) die("%s", err);
     if (dump_error(dump)) die("%s", dump_error(dump));
     if (dump_finish(dump, err, sizeof err) != 0) die("%s", err);
     fprintf(stderr, "replay: wrote %s; compare with: python3 compare.py --local %s %s\n", o->dump_dir, o->replay_dir, o->dump_dir);
     dump_free(dump);
     free(info.tokens);
+    free(info.image);
 }
 
 /* --dump-vision: one vision tap as DIR/NAME.npy, float32 [rows, cols] (a failed write ends the run). */
-static void write_vision_tap(void *ctx, const char *name, const float *x, int rows, int cols) {
+static void write_vision_tap(const char *dir, const char *name, const float *x, int rows, int cols) {
     char path[4096], header[128];
-    snprintf(path, sizeof path, "%s/%s.npy", (const char *)ctx, name);
+    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
     int len = snprintf(header, sizeof header, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows,
                        cols);
     while ((10 + len + 1) % 64) header[len++] = ' ';
@@ -680,9 +688,23 @@ static void write_vision_tap(void *ctx, const char *name, const float *x, int ro
         die("--dump-vision: cannot write %s: %s\n  hint: the folder must exist and be writable", path, strerror(errno));
 }
 
+/* Where the vision tower's taps go: --dump-vision's folder and/or --dump's dump (with the decoder's). */
+typedef struct {
+    const char *dir;
+    Dump *dump;
+} VisionTaps;
+
+static void vision_tap(void *ctx, const char *name, const float *x, int rows, int cols) {
+    const VisionTaps *v = ctx;
+    if (v->dir) write_vision_tap(v->dir, name, x, rows, cols);
+    if (v->dump) dump_vision_tap(v->dump, name, x, rows, cols);
+}
+
 /* ZAYA1-VL --image: the file decoded and preprocessed as the official processor does (image.c), then the
- * vision tower (vision.c) -> features [*n, hidden_size] for the prompt's image tokens. */
-static float *encode_image(const ZayaModel *m, const char *path, int threads, const char *dump_dir, int *n) {
+ * vision tower (vision.c) -> features [*n, hidden_size] for the prompt's image tokens. Its taps go to `taps`
+ * (may be NULL); what --dump records of the image (file, size, grid) is written into info[info_len]. */
+static float *encode_image(const ZayaModel *m, const char *path, int threads, VisionTaps *taps, int *n, char *info,
+                           size_t info_len) {
     char err[1024];
     if (!m->vl) die("--image needs a ZAYA1-VL model\n  found:    %s is a text-only blob\n  hint: export a ZAYA1-VL "
                     "checkpoint (model_type zaya1_vl) with export_weights.py", path);
@@ -696,11 +718,19 @@ static float *encode_image(const ZayaModel *m, const char *path, int threads, co
     *n = zaya_vision_tokens(&m->vision.config, gh, gw);
     float *features = malloc(sizeof(float) * (size_t)*n * m->config.hidden_size + 1);
     if (!features) die("out of memory for %d image features", *n);
-    if (zaya_vision_encode(&m->vision, threads, pixels, gh, gw, features, dump_dir ? write_vision_tap : NULL,
-                           (void *)dump_dir, err, sizeof err) != 0)
+    if (zaya_vision_encode(&m->vision, threads, pixels, gh, gw, features, taps ? vision_tap : NULL, taps, err,
+                           sizeof err) != 0)
         die("%s", err);
+    if (taps && taps->dump && dump_error(taps->dump)) die("%s", dump_error(taps->dump));
     fprintf(stderr, "image: %s, %d x %d -> %d x %d patches, %d image tokens, encoded in %.3f s\n", path, img.width,
             img.height, gw, gh, *n, now_s() - t0);
+    int len = snprintf(info, info_len, "[{\"file\": \"");
+    for (const char *p = path; *p && len < (int)info_len - 8; p++)   /* the path as a JSON string */
+        len += *p == '"' || *p == '\\' ? snprintf(info + len, info_len - (size_t)len, "\\%c", *p)
+               : (unsigned char)*p < 0x20 ? snprintf(info + len, info_len - (size_t)len, "\\u%04x", *p)
+               : snprintf(info + len, info_len - (size_t)len, "%c", *p);
+    snprintf(info + len, info_len - (size_t)len, "\", \"height\": %d, \"width\": %d, \"image_grid_thw\": [1, %d, %d], "
+             "\"image_tokens\": %d}]", img.height, img.width, gh, gw, *n);
     free(img.rgb), free(pixels);
     return features;
 }
@@ -760,7 +790,19 @@ int main(int argc, char **argv) {
     int *prompt = NULL;
     if (o.dump_vision && !o.image)
         die("--dump-vision writes the vision tower's tensors for --image: give --image PATH");
-    float *features = o.image ? encode_image(&m, o.image, o.threads, o.dump_vision, &n_features) : NULL;
+    Dump dump = {0};
+    dump.fd = -1;
+    if (o.dump_dir) {   /* before the image: --dump holds the vision tower's tensors too */
+        if (!o.ids && !o.prompt && !o.replay_dir) die("--dump needs a prompt: --ids 2,818,... or -i TEXT");
+        if (o.image && o.replay_dir) die("--replay takes the image positions from the port's dump: give no --image");
+        if (dump_open(&dump, o.dump_dir, o.dump_filter, err, sizeof err) != 0) die("%s", err);
+        dump.precision = o.precision;
+        dump.placement = o.placement;
+    }
+    VisionTaps vtaps = {o.dump_vision, o.dump_dir ? &dump : NULL};
+    char image_json[5000];
+    float *features = o.image ? encode_image(&m, o.image, o.threads, o.dump_vision || o.dump_dir ? &vtaps : NULL,
+                                             &n_features, image_json, sizeof image_json) : NULL;
     if (o.ids) prompt = parse_ids("--ids", o.ids, c->vocab_size, &n_prompt);
     else if (o.prompt) prompt = encode_prompt(need_tokenizer(&m, "-i"), o.prompt, &n_prompt);
     if (features && o.prompt) {   /* -i with --image: <bos>, the image block, the text */
@@ -775,13 +817,13 @@ int main(int argc, char **argv) {
                 "feature, inside vision_start (%d) ... vision_end (%d)", k, m.image_token_id, n_features,
                 m.vision_start_id, m.vision_end_id);
     }
-    Dump dump = {0};
-    dump.fd = -1;
-    if (o.dump_dir) {
-        if (!prompt && !o.replay_dir) die("--dump needs a prompt: --ids 2,818,... or -i TEXT");
-        if (dump_open(&dump, o.dump_dir, o.dump_filter, err, sizeof err) != 0) die("%s", err);
-        dump.precision = o.precision;
-        dump.placement = o.placement;
+    unsigned char *image_mask = NULL;   /* --dump: the positions that take the image features (zaya.c's rule) */
+    if (features && (o.dump_dir || o.trace_pos >= 0)) {   /* and --trace */
+        image_mask = calloc((size_t)n_prompt + 1, 1);
+        if (!image_mask) die("out of memory");
+        for (int t = 0, k = 0; t < n_prompt && k < n_features; t++)
+            if (prompt[t] == m.image_token_id) image_mask[t] = 1, k++;
+        if (o.dump_dir) dump.image_mask = image_mask, dump.image_json = image_json;
     }
     int ctx = o.ctx ? o.ctx : (c->max_position < 4096 ? c->max_position : 4096);
     if (ctx > c->max_position) die("--ctx %d is larger than the model's max_position_embeddings %d", ctx, c->max_position);
@@ -805,6 +847,7 @@ int main(int argc, char **argv) {
     if (o.trace_pos >= 0) {
         if (zaya_trace_init(&trace, &m, o.trace_pos, o.trace_layer, prompt, n_prompt, o.skip_expert, stdout, err, sizeof err) != 0)
             die("%s", err);
+        if (image_mask && zaya_trace_set_images(&trace, image_mask, err, sizeof err) != 0) die("%s", err);
         s.tap = zaya_trace_tap;
         s.tap_ctx = &trace;
     }
@@ -852,6 +895,7 @@ int main(int argc, char **argv) {
     free(r.scratch);
     free(prompt);
     free(features);
+    free(image_mask);
     zaya_state_free(&s);
     zaya_free(&m);
     return 0;

@@ -109,6 +109,47 @@ static int read_port_tokens(const char *dir, int **ids, char *err, size_t errlen
     return n;
 }
 
+/* ZAYA1-VL: index.json's "image_positions": [[first, end], ...] into image[T]. Returns the number of image
+ * positions, 0 when the field is absent, or -1 with err when it is malformed. */
+static int read_image_positions(const char *dir, int T, unsigned char *image, char *err, size_t errlen) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = size > 0 ? malloc((size_t)size + 1) : NULL;
+    size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
+    fclose(f);
+    if (!text || got != (size_t)size) { free(text); return zaya_fail(err, errlen, "replay: cannot read %s", path); }
+    text[size] = 0;
+    char *p = strstr(text, "\"image_positions\"");
+    int n = 0, ok = 1;
+    if (p) {
+        p = strchr(p, '[');
+        ok = p != NULL;
+        for (p = p ? p + 1 : NULL; ok && p;) {   /* [[2, 37], [40, 45]] */
+            while (*p == ' ' || *p == '\n' || *p == ',') p++;
+            if (*p == ']') break;
+            char *end;
+            long a = *p == '[' ? strtol(p + 1, &end, 10) : -1;
+            p = a >= 0 ? strchr(end, ',') : NULL;
+            long b = p ? strtol(p + 1, &end, 10) : -1;
+            p = b >= 0 ? strchr(end, ']') : NULL;
+            ok = p && a <= b && b <= T;
+            for (long t = a; ok && t < b; t++) n += !image[t], image[t] = 1;
+            if (p) p++;
+        }
+    }
+    free(text);
+    if (!ok)
+        return zaya_fail(err, errlen, "replay: %s: image_positions is not a list of [first, end) ranges within the %d "
+                         "positions\n  expected: e.g. \"image_positions\": [[2, 37]] (docs/golden-formats.md)", path,
+                         T);
+    return n;
+}
+
 /* Whether the port's dump has a tensor of this name (its .npy file). */
 static int port_has(const char *dir, const char *name) {
     char path[4096], file[512];
@@ -137,6 +178,16 @@ int zaya_replay_open(const ZayaModel *m, const char *dir, ReplayInfo *info, char
     if (info->n_tokens < 0) return -1;
     info->input_computed = !port_has(dir, "model:input_scaled");
     info->final_in_port = port_has_final(dir);
+    if (m->vl) {   /* ZAYA1-VL: the image positions (the vision LoRA and the image mask run there) */
+        info->image = calloc((size_t)info->n_tokens + 1, 1);
+        if (!info->image) return zaya_fail(err, errlen, "out of memory");
+        info->n_image = read_image_positions(dir, info->n_tokens, info->image, err, errlen);
+        if (info->n_image < 0) return -1;
+        info->image_from_index = info->n_image > 0;
+        for (int t = 0; !info->image_from_index && t < info->n_tokens; t++)
+            info->n_image += info->image[t] = info->tokens[t] == m->image_token_id;
+        if (!info->n_image) { free(info->image); info->image = NULL; }
+    }
     for (int i = 1; i < m->config.num_layers; i++) {
         char name[160];
         snprintf(name, sizeof name, "model.layers.%d.mlp.gate:router_state", i - 1);
@@ -155,15 +206,34 @@ int zaya_replay_run(const ZayaModel *m, ZayaState *s, const char *dir, const Rep
     if (!info->input_computed && !r) { free(rho); return -1; }
     if (!rho) { free(r); return zaya_fail(err, errlen, "out of memory"); }
     if (!r) {   /* layer 0's input from the ids: zaya.c's embedding and input scaling (not a replay tap) */
+        float *features = NULL;   /* ZAYA1-VL: the image positions take the port's image features */
+        if (info->image && !(features = read_port_tensor(dir, "model.visual", info->n_image, H, err, errlen))) {
+            if (!err[0])
+                zaya_fail(err, errlen, "replay: the port's dump has %d image positions but neither model:input_scaled "
+                          "nor model.visual (the image features, [%d, %d])\n  hint: dump the decoder's input "
+                          "(model:input_scaled) or the vision tower's output", info->n_image, info->n_image, H);
+            free(rho);
+            return -1;
+        }
         ZayaTapFn tap = s->tap;
         s->tap = NULL;
         r = malloc(sizeof(float) * (size_t)T * H + 1);
-        int rc = r ? zaya_embed(m, s, info->tokens, T, r, err, errlen) : zaya_fail(err, errlen, "out of memory");
+        int rc = r ? 0 : zaya_fail(err, errlen, "out of memory");
+        if (rc == 0 && features) rc = zaya_set_images(m, s, features, info->n_image, err, errlen);
+        if (rc == 0) rc = zaya_embed(m, s, info->tokens, T, r, err, errlen);
         s->tap = tap;
+        zaya_state_reset(s, m);
+        free(features);
         if (rc != 0) { free(r); free(rho); return -1; }
     }
+    s->image_mask = info->image;
+    if (log && info->image)
+        fprintf(log, "replay: %d image positions (from %s): the vision LoRA and the bidirectional image mask there\n",
+                info->n_image, info->image_from_index ? "index.json's image_positions" : "the image token id");
     if (log) fprintf(log, "replay: %d positions of %s; layer 0 from %s\n", T, dir,
-                     info->input_computed ? "zaya.c's embedding of the ids (the dump has no model:input_scaled)" : "model:input_scaled");
+                     !info->input_computed ? "model:input_scaled" : info->image ? "zaya.c's embedding of the ids, the "
+                     "port's model.visual at the image positions (the dump has no model:input_scaled)" :
+                     "zaya.c's embedding of the ids (the dump has no model:input_scaled)");
     if (log && !info->final_in_port)
         fprintf(log, "replay: the dump has no model.norm or logits: the final norm and the LM head are not replayed\n");
     for (int i = 0; i <= (info->final_in_port ? L : L - 1); i++) {
@@ -188,9 +258,60 @@ int zaya_replay_run(const ZayaModel *m, ZayaState *s, const char *dir, const Rep
                 fprintf(log, "replay: layer %d: the dump has no %s; EDA uses zaya.c's replay of layer %d\n", i, name, i - 1);
         }
         zaya_state_reset(s, m);
-        if (zaya_replay_layer(m, s, i, r, rho, T, err, errlen) != 0) { free(r); free(rho); return -1; }
+        if (zaya_replay_layer(m, s, i, r, rho, T, err, errlen) != 0) {
+            free(r), free(rho);
+            s->image_mask = NULL;
+            return -1;
+        }
     }
+    s->image_mask = NULL;
     free(r);
     free(rho);
     return 0;
+}
+
+/* ZAYA1-VL: the first image's patch grid from index.json's "image_grid_thw": [1, h, w]; 0, or -1 when absent. */
+static int read_grid(const char *dir, int *gh, int *gw) {
+    char path[4096], text[65536];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t got = fread(text, 1, sizeof text - 1, f);   /* the field comes before the tensor list */
+    fclose(f);
+    text[got] = 0;
+    const char *p = strstr(text, "\"image_grid_thw\"");
+    long t = 0, h = 0, w = 0;
+    return p && sscanf(p, "\"image_grid_thw\": [%ld, %ld, %ld]", &t, &h, &w) == 3 && t == 1 && h > 0 && w > 0 &&
+           h <= 4096 && w <= 4096 ? (*gh = (int)h, *gw = (int)w, 0) : -1;
+}
+
+int zaya_replay_vision(const ZayaModel *m, int threads, const char *dir, ZayaVisionTapFn tap, void *tap_ctx, FILE *log,
+                       char *err, size_t errlen) {
+    err[0] = 0;
+    int gh = 0, gw = 0, done = 0;
+    if (!m->vl || !port_has(dir, "model.visual.patch_embed")) return 0;
+    if (read_grid(dir, &gh, &gw) != 0) {
+        if (log) fprintf(log, "replay: the dump has the vision tower but no images[0].image_grid_thw in index.json: the "
+                         "tower is not replayed\n");
+        return 0;
+    }
+    const int n = gh * gw, D = m->vision.config.hidden_size;
+    for (int i = 0; i < m->vision.config.depth; i++) {
+        char name[160];
+        if (i == 0) snprintf(name, sizeof name, "model.visual.patch_embed");
+        else snprintf(name, sizeof name, "model.visual.blocks.%d", i - 1);
+        float *x = read_port_tensor(dir, name, n, D, err, errlen);
+        if (!x && err[0]) return -1;
+        if (!x) {
+            if (log) fprintf(log, "replay: the dump has no %s: vision block %d is not replayed\n", name, i);
+            continue;
+        }
+        int rc = zaya_vision_replay_block(&m->vision, threads, i, x, i == 0, gh, gw, tap, tap_ctx, err, errlen);
+        free(x);
+        if (rc != 0) return -1;
+        done++;
+    }
+    if (log) fprintf(log, "replay: %d vision blocks, each from the port's input to it (a %d x %d patch grid)\n", done,
+                     gh, gw);
+    return done;
 }

@@ -10,6 +10,7 @@
  * --dump writes. Indented lines below a step explain it with this token's numbers.
  */
 #include "trace.h"
+#include "kernels.h"
 #include "tokenizer.h"
 #include "zmath.h"
 
@@ -289,14 +290,37 @@ static void explain_key_cache(const ZayaTrace *t, int layer) {
     else note(t, "-> key cache row %d (values likewise)", t->pos);
 }
 
+/* ZAYA1-VL: the image position's keys (zaya.c §V.10): the keys first..pos its causal (or sliding) mask allows and
+ * every image position of the prompt, in position order, into kpos[]. Returns their count. */
+static int image_keys(const ZayaTrace *t, int first, int *kpos, int cap) {
+    int n = 0;
+    for (int k = 0; k < t->n_tokens && n < cap; k++)
+        if ((k >= first && k <= t->pos) || t->image[k]) kpos[n++] = k;
+    return n;
+}
+
 static void explain_attention(const ZayaTrace *t, const ZayaTap *tap) {
     const ZayaConfig *c = &t->m->config;
     const int nq = tap->shape[0], n_keys = tap->shape[1], first = t->pos - n_keys + 1, g = nq / c->num_kv_heads;
     const float *p = tap->data;
-    if (c->layer_types[tap->layer] == ZAYA_HYBRID_SLIDING)
+    const int sliding = c->layer_types[tap->layer] == ZAYA_HYBRID_SLIDING;
+    int *kpos = t->image && t->image[t->pos] ? malloc(sizeof(int) * (size_t)n_keys) : NULL;
+    if (kpos) {   /* ZAYA1-VL: an image position of the prompt attends to every image position too */
+        const int from = sliding && t->pos - c->sliding_window + 1 > 0 ? t->pos - c->sliding_window + 1 : 0;
+        int after = 0, before = 0;
+        for (int k = 0; k < t->n_tokens; k++) after += t->image[k] && k > t->pos, before += t->image[k] && k < from;
+        if (image_keys(t, from, kpos, n_keys) != n_keys) { free(kpos); kpos = NULL; }
+        else {
+            note(t, "keys: %s [%d, %d] and every image position: the bidirectional image mask (arch §V.10)",
+                 sliding ? "the window" : "every position", from, t->pos);
+            note(t, "  adds the %d image positions after this one%s", after,
+                 before ? " and the earlier ones outside the window" : "");
+        }
+    }
+    if (!kpos && sliding)
         note(t, "keys: window [%d, %d] (this token and the %d before it%s)", first, t->pos, n_keys - 1,
              first > 0 ? "; earlier ones are masked" : "; the window is not full yet");
-    else note(t, "keys: every position [0, %d] (full causal attention)", t->pos);
+    else if (!kpos) note(t, "keys: every position [0, %d] (full causal attention)", t->pos);
     for (int n = 0; n < nq; n++) {
         Line l = {{0}, 0};
         char item[96], text[48];
@@ -310,13 +334,61 @@ static void explain_attention(const ZayaTrace *t, const ZayaTap *tap) {
                 if (best < 0 || p[n * n_keys + j] > p[n * n_keys + best]) best = j;
             }
             used[r] = best;
-            int kpos = first + best;
-            if (kpos < t->n_tokens) token_text(t, t->tokens[kpos], text, sizeof text);
+            int kpos_r = kpos ? kpos[best] : first + best;
+            if (kpos_r < t->n_tokens) token_text(t, t->tokens[kpos_r], text, sizeof text);
             else snprintf(text, sizeof text, "?");
-            snprintf(item, sizeof item, "  pos %d %s %.4f", kpos, text, (double)p[n * n_keys + best]);
+            snprintf(item, sizeof item, "  pos %d %s %.4f", kpos_r, text, (double)p[n * n_keys + best]);
             add_item(t, &l, 22, item);
         }
         put(t, &l);
+    }
+    free(kpos);
+}
+
+/* ZAYA1-VL: |B (A x)|, the vision LoRA pair's addition for this token's input x (matmul_ref: the plain loops). */
+static double lora_norm(const ZayaMatrix *A, const ZayaMatrix *B, const float *x) {
+    float *mid = malloc(sizeof(float) * (size_t)A->rows + 1), *out = malloc(sizeof(float) * (size_t)B->rows + 1);
+    double ss = 0.0;
+    if (mid && out) {
+        matmul_ref(mid, A->rows, A, x, A->cols, 1);
+        matmul_ref(out, B->rows, B, mid, B->cols, 1);
+        for (int i = 0; i < B->rows; i++) ss += (double)out[i] * out[i];
+    }
+    free(mid), free(out);
+    return sqrt(ss);
+}
+
+/* ZAYA1-VL: what the vision LoRA adds after a step at an image position (arch §V.9), with its size. */
+static void explain_lora(const ZayaTrace *t, const ZayaTap *tap) {
+    const ZayaLayer *L = &t->m->layers[tap->layer];
+    const char *n = tap->name;
+    const size_t bytes = sizeof(float) * (size_t)(tap->ndim == 2 ? tap->shape[0] * tap->shape[1] : tap->shape[0]);
+    if (!strcmp(n, "input_layernorm")) memcpy(t->h, tap->data, bytes);
+    else if (!strcmp(n, "post_attention_layernorm")) memcpy(t->h2, tap->data, bytes);
+    else if (!strcmp(n, "self_attn:attn_output")) memcpy(t->attn, tap->data, bytes);
+    else if (!strcmp(n, "self_attn.qkv_proj.k_proj")) {
+        note(t, "+ vision LoRA (an image position, rank %d): q~ += q_lora_b(q_lora_a h), |%.6g|;", L->q_lora_a.rows,
+             lora_norm(&L->q_lora_a, &L->q_lora_b, t->h));
+        note(t, "  k~ += k_lora_b(k_lora_a h), |%.6g|. The lines above are the projections alone;",
+             lora_norm(&L->k_lora_a, &L->k_lora_b, t->h));
+        note(t, "  u = [q~ ; k~] with the LoRA feeds the convolutions and the residual mix below");
+    } else if (!strcmp(n, "self_attn.qkv_proj.v_proj_delayed")) {
+        note(t, "+ vision LoRA (an image position): v_current += v_current_lora_b(v_current_lora_a h), |%.6g|;",
+             lora_norm(&L->v_current_lora_a, &L->v_current_lora_b, t->h));
+        note(t, "  v_delayed += v_delayed_lora_b(v_delayed_lora_a h), |%.6g| (the lines above: the projections alone)",
+             lora_norm(&L->v_delayed_lora_a, &L->v_delayed_lora_b, t->h));
+    } else if (!strcmp(n, "self_attn.o_proj")) {
+        note(t, "+ vision LoRA (an image position): o_lora_b(o_lora_a attn_output), |%.6g|, is added to this line",
+             lora_norm(&L->o_lora_a, &L->o_lora_b, t->attn));
+        note(t, "  before the residual scaling");
+    } else if (!strcmp(n, "mlp.experts") && t->chosen < t->m->config.num_experts) {
+        const int E = t->m->config.num_experts, r = L->experts_lora_gate_up_a.rows / E;
+        const int I2 = L->experts_lora_gate_up_b.rows / E;
+        const ZayaMatrix A = matrix_rows(&L->experts_lora_gate_up_a, t->chosen * r, r);
+        const ZayaMatrix B = matrix_rows(&L->experts_lora_gate_up_b, t->chosen * I2, I2);
+        note(t, "vision LoRA (an image position) inside expert %d: gate|up += |%.6g| (lora_gate_up_proj, rank %d),",
+             t->chosen, lora_norm(&A, &B, t->h2), r);
+        note(t, "  and lora_down_proj's pair on SiLU(gate) * up is added to its down_proj");
     }
 }
 
@@ -427,6 +499,25 @@ void zaya_trace_tap(void *ctx, const ZayaTap *tap) {
     else if (!strcmp(n, "mlp.gate.router_indices")) explain_router(t, tap->layer, t->chosen);
     else if (!strcmp(n, "mlp.experts")) explain_experts(t);
     else if (!strcmp(n, "logits")) explain_logits(t, tap);
+    if (t->image && t->image[t->pos] && tap->layer >= 0) explain_lora(t, tap);
+    if (t->image && t->image[t->pos] && !strcmp(n, "model.embed_tokens")) {
+        int k = 0, n_image = 0, a = -1, b = -1;
+        for (int p = 0; p < t->n_tokens; p++)
+            if (t->image[p]) k += p < t->pos, n_image++, a = a < 0 ? p : a, b = p;
+        note(t, "ZAYA1-VL: image position %d of %d (positions %d..%d): this placeholder row is replaced by the", k,
+             n_image, a, b);
+        note(t, "  image feature %d (model.visual row %d, HF masked_scatter) before the input scaling below", k, k);
+    }
+}
+
+int zaya_trace_set_images(ZayaTrace *t, const unsigned char *image, char *err, size_t errlen) {
+    const int H = t->m->config.hidden_size;
+    t->image = image;
+    t->h = calloc((size_t)H, sizeof(float));
+    t->h2 = calloc((size_t)H, sizeof(float));
+    t->attn = calloc((size_t)t->m->config.num_heads * t->m->config.head_dim, sizeof(float));
+    if (!t->h || !t->h2 || !t->attn) return zaya_fail(err, errlen, "out of memory for --trace");
+    return 0;
 }
 
 int zaya_trace_init(ZayaTrace *t, const ZayaModel *m, int pos, int layer, const int *tokens, int n_tokens,
@@ -479,5 +570,8 @@ int zaya_trace_init(ZayaTrace *t, const ZayaModel *m, int pos, int layer, const 
 void zaya_trace_free(ZayaTrace *t) {
     free(t->probs);
     free(t->scores);
-    t->probs = t->scores = NULL;
+    free(t->h);
+    free(t->h2);
+    free(t->attn);
+    t->probs = t->scores = t->h = t->h2 = t->attn = NULL;
 }

@@ -31,12 +31,21 @@ typedef struct {
     float *probs, *scores;    /* router probabilities and biased scores [E+1] */
     int chosen;               /* router class (E = skip) */
     float weight;             /* its weight after skip handling */
+    const unsigned char *image;   /* ZAYA1-VL: [n_tokens] 1 at the positions that take image features, or NULL */
+    float *h, *h2, *attn;     /* ZAYA1-VL at an image position: the rows of input_layernorm, post_attention_layernorm,
+                               * self_attn:attn_output (the vision LoRA's inputs) */
 } ZayaTrace;
 
 /* Prints the trace header (the token, the model, the column titles). layer = -1 for all layers.
  * Returns 0, or -1 with a message in err (pos not in the prompt, layer out of range, no memory). */
 int zaya_trace_init(ZayaTrace *t, const ZayaModel *m, int pos, int layer, const int *tokens, int n_tokens,
                     int skip_expert, FILE *out, char *err, size_t errlen);
+
+/* ZAYA1-VL: image[n_tokens] marks the prompt's image positions (the image features given with it, as
+ * zaya_set_images); at such a position the trace explains the image row, the vision LoRA additions (with their
+ * norms, computed from the step's input and the blob's LoRA pairs) and the bidirectional image mask. Returns 0,
+ * or -1 + err (no memory). */
+int zaya_trace_set_images(ZayaTrace *t, const unsigned char *image, char *err, size_t errlen);
 
 /* The ZayaTapFn: set s->tap = zaya_trace_tap, s->tap_ctx = &trace, then run the prompt. */
 void zaya_trace_tap(void *ctx, const ZayaTap *tap);

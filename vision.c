@@ -265,3 +265,46 @@ int zaya_vision_encode(const ZayaVision *v, int threads, const float *pixels, in
     free(merged), free(index), free(seg), free(rows);
     return 0;
 }
+
+/* Layer-local replay of the tower (replay.c): one block from a given input, as zaya_vision_encode runs it. */
+int zaya_vision_replay_block(const ZayaVision *v, int threads, int block, const float *x, int image_order, int grid_h,
+                             int grid_w, ZayaVisionTapFn tapfn, void *tap_ctx, char *err, size_t errlen) {
+    const ZayaVisionConfig *c = &v->config;
+    const int M = c->spatial_merge_size, U = M * M, D = c->hidden_size, I = c->intermediate_size;
+    const int hd = D / c->num_heads;
+    if (block < 0 || block >= c->depth || grid_h < M || grid_w < M || grid_h % M || grid_w % M || hd > 1024)
+        return zaya_fail(err, errlen, "vision replay: block %d of %d on a %d x %d patch grid\n  expected: a block of "
+                         "the tower and a grid of positive multiples of %d", block, c->depth, grid_h, grid_w, M);
+    const int n = grid_h * grid_w, lh = grid_h / M, lw = grid_w / M, units = lh * lw;
+    Scratch s;
+    float **bufs[] = {&s.x, &s.h, &s.qkv, &s.attn, &s.branch, &s.gate, &s.up, &s.cos_t, &s.sin_t, &s.keys, &s.values,
+                      &s.probs};
+    const size_t lens[] = {(size_t)n * D, (size_t)n * D, (size_t)n * 3 * D, (size_t)n * D, (size_t)n * D,
+                           (size_t)n * (I > D ? I : D), (size_t)n * I, (size_t)n * hd, (size_t)n * hd, (size_t)n * D,
+                           (size_t)n * D, (size_t)c->num_heads * n};
+    int ok = 1;
+    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
+        ok = (*bufs[k] = ok ? calloc_lines(lens[k], sizeof(float)) : NULL) && ok;
+    int *index = malloc(sizeof(int) * (size_t)units), *seg = malloc(sizeof(int) * ((size_t)units + 2));
+    int *rows = malloc(sizeof(int) * ((size_t)units + 2));
+    const int max_cols = D > I ? D : I;
+    Kernels *kern = ok && index && seg && rows ? kernels_new(threads, max_cols, VISION_ROWS) : NULL;
+    if (!kern) {
+        for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) free(*bufs[k]);
+        free(index), free(seg), free(rows);
+        return zaya_fail(err, errlen, "out of memory for the vision replay on a %d x %d patch grid", grid_h, grid_w);
+    }
+    const Run r = {c, kern, tapfn, tap_ctx, n}, quiet = {c, kern, NULL, NULL, n};
+    const int windows = window_index(c, lh, lw, index, seg);                      /* §V.2 */
+    for (int k = 0; k < units; k++)   /* the block's input in window order (block 0: the patch embedding's) */
+        memcpy(s.x + (size_t)k * U * D, x + (size_t)(image_order ? index[k] : k) * U * D, sizeof(float) * (size_t)U * D);
+    rotary(&quiet, index, lh, lw, s.cos_t, s.sin_t);                              /* §V.3 */
+    for (int j = 0; j <= windows; j++) rows[j] = seg[j] * U;
+    const int whole[2] = {0, n};
+    vision_block(&r, v, block, &s, is_full_attention(c, block) ? whole : rows,
+                 is_full_attention(c, block) ? 1 : windows);                      /* §V.4-6 */
+    kernels_free(kern);
+    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) free(*bufs[k]);
+    free(index), free(seg), free(rows);
+    return 0;
+}

@@ -62,4 +62,11 @@ int zaya_vision_tokens(const ZayaVisionConfig *c, int grid_h, int grid_w);
 int zaya_vision_encode(const ZayaVision *v, int threads, const float *pixels, int grid_h, int grid_w, float *features,
                        ZayaVisionTapFn tap, void *tap_ctx, char *err, size_t errlen);
 
+/* Layer-local replay (docs/compare.md §11): block `block` of the tower alone on the input x [grid_h*grid_w, D]
+ * (a port's: the previous block's output in window order, or with image_order = 1 block 0's input as the patch
+ * embedding gives it, in image order), reporting the block's taps (model.visual.blocks.N.*) to tap. Returns 0, or
+ * -1 + err for a block or grid out of range or out of memory. */
+int zaya_vision_replay_block(const ZayaVision *v, int threads, int block, const float *x, int image_order, int grid_h,
+                             int grid_w, ZayaVisionTapFn tap, void *tap_ctx, char *err, size_t errlen);
+
 #endif /* ZAYA_VISION_H */

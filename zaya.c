@@ -952,9 +952,22 @@ int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *
         return zaya_fail(err, errlen, "replay: %d positions do not fit the context of %d (%d used)\n  hint: raise "
                          "--ctx",
                          n, s->ctx, s->pos);
+    int batch = ZAYA_BATCH, first_image = -1, last_image = -1;   /* ZAYA1-VL: the image positions in one batch */
+    for (int t = s->pos; s->image_mask && layer < c->num_layers && t < s->pos + n; t++)
+        if (s->image_mask[t]) first_image = first_image < 0 ? t : first_image, last_image = t;
+    if (first_image >= 0) {
+        batch = s->capacity;
+        if ((first_image - s->pos) / batch != (last_image - s->pos) / batch)
+            return zaya_fail(err, errlen, "replay: the image positions %d..%d are not in one batch of %d\n  expected: "
+                             "every image position of a prompt in one batch (the bidirectional image mask)\n  hint: a "
+                             "larger --ctx (batches of min(ctx, %d) positions)", first_image, last_image, batch,
+                             ZAYA_VL_BATCH);
+    }
     for (int done = 0, cnt; done < n; done += cnt) {
-        cnt = n - done < ZAYA_BATCH ? n - done : ZAYA_BATCH;
+        cnt = n - done < batch ? n - done : batch;
         Batch b = batch_of(m, s, layer, cnt);
+        if (first_image >= 0 && first_image < s->pos + cnt && last_image >= s->pos)
+            b.image = s->image_mask + s->pos, b.both_ways = 1;                  /* §V.9, §V.10 at image positions */
         memcpy(s->act->r, r + done * H, sizeof(float) * cnt * H);
         if (layer == c->num_layers) lm_output(&b, m, s);
         else {
@@ -972,8 +985,9 @@ int zaya_embed(const ZayaModel *m, ZayaState *s, const int *tokens, int n, float
     if (check_tokens(m, s, tokens, n, err, errlen) != 0) return -1;
     for (int done = 0, cnt; done < n; done += cnt) {
         cnt = n - done < ZAYA_BATCH ? n - done : ZAYA_BATCH;
-        const Batch b = batch_of(m, s, -1, cnt);
-        embed(&b, m, tokens + done, NULL, s->act->e, s->act->r);
+        Batch b = batch_of(m, s, -1, cnt);
+        const float *features = image_positions(&b, m, s, tokens + done);      /* ZAYA1-VL: zaya_set_images */
+        embed(&b, m, tokens + done, features, s->act->e, s->act->r);
         memcpy(r + done * H, s->act->r, sizeof(float) * cnt * H);
     }
     return 0;

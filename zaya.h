@@ -227,6 +227,8 @@ typedef struct {
     const float *image_features;   /* ZAYA1-VL (zaya_set_images): [n_image_features, H], or NULL */
     int n_image_features, image_next;   /* rows given; the row the next image placeholder takes */
     int image_both_ways;      /* 1: the images came with a prompt at position 0 (bidirectional image mask) */
+    const unsigned char *image_mask;   /* ZAYA1-VL replay (zaya_replay_layer): [ctx] 1 at the image positions of the
+                                        * replayed prompt, or NULL (kept by zaya_state_reset) */
     struct ZayaActivations *act;   /* the intermediate tensors of a batch of up to ZAYA_BATCH tokens */
     struct Kernels *kernels;
 } ZayaState;
@@ -255,12 +257,15 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
  * at layer 0), replaced by this layer's. layer = num_layers runs the final norm and the LM head on r
  * (rho unused). Taps, caches and precision as zaya_forward (the layer's caches continue from
  * s->pos: zaya_state_reset() first to replay from position 0). Returns 0, or -1 + err when the
- * layer is out of range, the context would overflow, or the precision is refused as by zaya_forward. */
+ * layer is out of range, the context would overflow, or the precision is refused as by zaya_forward.
+ * ZAYA1-VL: with s->image_mask set, the positions it marks are image positions (the vision LoRA, and the
+ * bidirectional image mask among them: they must all fall in one batch of s->capacity positions). */
 int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *r, float *rho, int n, char *err, size_t errlen);
 
 /* The input of layer 0 for n token ids: the embedding and the input scaling (arch §3.1, HF
  * ZayaModel before the layers) into r [n, H], with their taps; s->pos and the caches are left as they
- * are. Returns 0, or -1 + err for an id outside the vocabulary or a refused precision. */
+ * are. ZAYA1-VL: image placeholders take the rows of zaya_set_images' features, as in zaya_forward. Returns 0,
+ * or -1 + err for an id outside the vocabulary or a refused precision. */
 int zaya_embed(const ZayaModel *m, ZayaState *s, const int *tokens, int n, float *r, char *err, size_t errlen);
 
 /* ZAYA1-VL (HF Zaya1VLModel.forward): the next image placeholder tokens (m->image_token_id) that

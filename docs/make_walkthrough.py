@@ -15,7 +15,10 @@ The words after `trace:` are ./zaya's arguments (shell quoting), run on the fixt
 the fixture prompt (`--ids` from test/fixtures/index.json) unless they give `--ids` or `-i` themselves.
 `--filter REGEX` is this script's: the output is cut into units (a step line with the indented lines
 below it, or one header line) and only the units whose first line matches REGEX (re.search) are kept.
-Without --filter the whole trace is pasted.
+Without --filter the whole trace is pasted. `--vl` (this script's too) runs the ZAYA1-VL fixture instead:
+the blob composed from test/fixtures/vl (tools/vl_checkpoint.py) and exported beside the text one
+(walkthrough_vl.bin), with `--image test/fixtures/vl/image_b/image.png` and that case's prompt
+(test/fixtures/vl/image_b/tokens.npy) unless the arguments give their own.
 
 The blob is exported from test/fixtures/checkpoint_native with export_weights.py when it is missing.
 --check writes nothing and exits 1 when the document differs from what the program prints now
@@ -49,6 +52,41 @@ def ensure_blob(blob, fixtures):
                    stdout=subprocess.DEVNULL)
 
 
+def vl_blob_of(blob):
+    return os.path.join(os.path.dirname(os.path.abspath(blob)), "walkthrough_vl.bin")
+
+
+def ensure_vl_blob(blob, fixtures):
+    """Exports the ZAYA1-VL fixture (the text checkpoint + vl/extra.safetensors) to `blob` if it is not there yet, or
+    older than the exporter or the VL fixture's files."""
+    sources = [os.path.join(ROOT, "export_weights.py"), os.path.join(fixtures, "vl", "extra.safetensors"),
+               os.path.join(fixtures, "vl", "config.json")]
+    if os.path.exists(blob) and all(os.path.getmtime(blob) >= os.path.getmtime(f) for f in sources if os.path.exists(f)):
+        return
+    import tempfile
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import vl_checkpoint
+    os.makedirs(os.path.dirname(os.path.abspath(blob)), exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = vl_checkpoint.compose(fixtures, os.path.join(tmp, "ckpt"))
+        subprocess.run([sys.executable, os.path.join(ROOT, "export_weights.py"), ckpt, blob + ".partial"], check=True,
+                       stdout=subprocess.DEVNULL)
+    os.replace(blob + ".partial", blob)
+
+
+def vl_ids(fixtures, case="image_b"):
+    """The VL case's prompt ids from its tokens.npy (int64 or int32 little-endian, 1-D), standard library only."""
+    import ast
+    import struct
+    with open(os.path.join(fixtures, "vl", case, "tokens.npy"), "rb") as f:
+        raw = f.read()
+    n = struct.unpack_from("<H", raw, 8)[0]
+    head = ast.literal_eval(raw[10:10 + n].decode("latin1"))
+    fmt = {"<i8": "q", "<i4": "i"}[head["descr"]]
+    count = head["shape"][0]
+    return list(struct.unpack_from(f"<{count}{fmt}", raw, 10 + n))
+
+
 def units(text):
     """The trace cut into units: a line that does not start with a space, plus the indented lines after it."""
     out = []
@@ -64,6 +102,15 @@ def run_block(spec, blob, ids, zaya, cache):
     """The text of one generated block for the marker arguments `spec`."""
     args = shlex.split(spec)
     regex = None
+    if "--vl" in args:   # the ZAYA1-VL fixture, its image and prompt
+        args.remove("--vl")
+        fixtures = os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "test", "fixtures"))
+        blob = vl_blob_of(blob)
+        ensure_vl_blob(blob, fixtures)
+        if "--image" not in args:
+            args = ["--image", os.path.join("test", "fixtures", "vl", "image_b", "image.png")] + args
+        if "--ids" not in args and "-i" not in args:
+            ids = vl_ids(fixtures)
     if "--filter" in args:
         k = args.index("--filter")
         regex = re.compile(args[k + 1])

@@ -58,6 +58,7 @@ TESTS = [
     ("vision", [sys.executable, "test/test_vision.py"]),
     ("vl", [sys.executable, "test/test_vl.py"]),
     ("vl_export", [sys.executable, "test/test_vl_export.py"]),
+    ("vl_tools", [sys.executable, "test/test_vl_tools.py"]),
     ("ggml_round", ["build/test_ggml_round", "test/test_ggml_round.c"]),
     ("ggml_capture", [sys.executable, "test/test_ggml_capture.py"]),
     ("coreml_pal", [sys.executable, "test/test_coreml_pal.py"]),

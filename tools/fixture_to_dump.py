@@ -3,6 +3,7 @@
 golden_bf16/decode) into a compare.py dump.
 
     python3 tools/fixture_to_dump.py FIXTURE_GOLDEN_DIR OUT_DIR
+    python3 tools/fixture_to_dump.py test/fixtures/vl/image_a OUT_DIR      # a ZAYA1-VL golden (vl_to_dump)
 
 FIXTURE_GOLDEN_DIR is `golden/` (the upstream transformers code: native module paths under taps/) or
 `golden_zyphra/` (Zyphra's legacy fork: half-layer module paths, even 2i = attention of layer i, odd
@@ -435,10 +436,128 @@ class Converter:
         return len(tensors)
 
 
+# ZAYA1-VL goldens (tools/golden_vl.py: test/fixtures/vl/image_a, image_b): the official module paths of
+# Zaya1VLForConditionalGeneration, its decoder under model.language_model. Decoder taps whose meaning is the
+# same as ours map by renaming; the vision tower's taps keep their names (zaya.c's --dump uses them);
+# the LoRA halves (q_lora_a, ...: A x and B (A x) on every position, before the image mask) and the window
+# index keep theirs too (zaya.c has no such tap: "only in REF"). Not mapped: the modules whose output is a
+# duplicate (attn.proj = attn, mlp.down_proj = mlp, merger.mlp.2 = merger.mlp = merger), a tuple's first part
+# of another meaning (self_attn, mlp, mlp.gate, the layer), act_fn (one module called twice: one file), the
+# 5-D patch_embed.proj, rotary_emb (the decoder's cos), inputs_embeds (no zaya.c tap: model:input_scaled is
+# after the input scaling).
+VL_DECODER = {
+    "input_layernorm": "input_layernorm", "self_attn.qkv_proj.q_proj": "self_attn.qkv_proj.q_proj",
+    "self_attn.qkv_proj.k_proj": "self_attn.qkv_proj.k_proj",
+    "self_attn.qkv_proj.conv_qk_depthwise": "self_attn.qkv_proj.conv_qk_depthwise",
+    "self_attn.qkv_proj.conv_qk_grouped": "self_attn.qkv_proj.conv_qk_grouped",
+    "self_attn.qkv_proj": "self_attn.qkv_proj:query",          # ZayaCCAProjection's output 0: the query
+    "self_attn.qkv_proj.v_proj_current": "self_attn.qkv_proj.v_proj_current",
+    "self_attn.qkv_proj.v_proj_delayed": "self_attn.qkv_proj.v_proj_delayed",
+    "self_attn.qk_norm": "self_attn.qk_norm:query",            # its output 0
+    "self_attn.o_proj": "self_attn.o_proj", "post_attention_residual_scale": "post_attention_residual_scale",
+    "post_attention_layernorm": "post_attention_layernorm", "mlp.gate.down_proj": "mlp.gate.down_proj",
+    "mlp.gate.router_mlp.rmsnorm_eda": "mlp.gate.router_mlp.norm", "mlp.gate.router_mlp.fc1": "mlp.gate.router_mlp.fc1",
+    "mlp.gate.router_mlp.fc2": "mlp.gate.router_mlp.fc2", "mlp.gate.router_mlp": "mlp.gate.router_mlp",
+    "mlp.experts": "mlp.experts", "post_mlp_residual_scale": "post_mlp_residual_scale",
+}
+VL_LORA = [f"self_attn.qkv_proj.{p}_lora_{h}" for p in ("q", "k", "v_current", "v_delayed") for h in "ab"] + \
+          [f"self_attn.o_lora_{h}" for h in "ab"]
+VL_VISION_BLOCK = ["norm1", "attn.qkv", "attn", "norm2", "mlp.gate_proj", "mlp.up_proj", "mlp", ""]
+
+
+def vl_to_dump(src, out):
+    """A ZAYA1-VL golden case folder (tokens.npy, taps/, logits_top16_*.npy) -> a dump under our names, with
+    index.json's image_positions from the golden's image mask. Returns (tensors written, unmapped taps)."""
+    taps = os.path.join(src, "taps")
+    have = {f[:-4] for f in os.listdir(taps) if f.endswith(".npy")}
+    tokens = list(read_npy(os.path.join(src, "tokens.npy"))[1])
+    T, used, tensors = len(tokens), set(), []
+
+    def take(tap, name, kind="f"):
+        if tap not in have:
+            return
+        shape, data = read_npy(os.path.join(taps, tap + ".npy"))
+        if data.typecode != kind:
+            data = array.array(kind, data)
+        used.add(tap)
+        tensors.append((name, list(shape), data, {"source": f"taps/{tap}.npy"}))
+
+    depth = 1 + max([int(n.split(".")[3]) for n in have if n.startswith("model.visual.blocks.")], default=-1)
+    layers = 1 + max([int(n.split(".")[3]) for n in have if n.startswith("model.language_model.layers.")], default=-1)
+    for v in ["patch_embed", "rotary_pos_emb"] + [f"blocks.{i}" + (f".{x}" if x else "") for i in range(depth)
+                                                  for x in VL_VISION_BLOCK] + \
+             ["merger.ln_q", "merger.mlp.0", "merger.mlp.1", "merger"]:
+        take("model.visual." + v, "model.visual." + v)
+    take("model.visual", "model.visual")
+    for v in (":window_index", ":cu_window_seqlens"):
+        take("model.visual" + v, "model.visual" + v, "i")
+    take("model.language_model.embed_tokens", "model.embed_tokens")
+    for i in range(layers):
+        P = f"model.language_model.layers.{i}."
+        for tap, ours in VL_DECODER.items():
+            take(P + tap, f"model.layers.{i}.{ours}")
+            if tap == "self_attn.qkv_proj.k_proj":   # the LoRA halves of q, k (added before the convolutions)
+                for lora in VL_LORA[:4]:
+                    take(P + lora, f"model.layers.{i}.{lora}")
+            if tap == "self_attn.qkv_proj.v_proj_delayed":
+                for lora in VL_LORA[4:8]:
+                    take(P + lora, f"model.layers.{i}.{lora}")
+            if tap == "self_attn.o_proj":
+                for lora in VL_LORA[8:]:
+                    take(P + lora, f"model.layers.{i}.{lora}")
+    take("model.language_model.final_norm", "model.norm")
+    for k in ("ids", "values"):
+        path = os.path.join(src, f"logits_top16_{k}.npy")
+        if os.path.exists(path):
+            shape, data = read_npy(path)
+            tensors.append((f"logits:top16_{k}", list(shape), array.array("i" if k == "ids" else "f", data),
+                            {"source": os.path.basename(path)}))
+    mask = list(read_npy(os.path.join(taps, "model.language_model:image_mask.npy"))[1]) \
+        if "model.language_model:image_mask" in have else [int(t == 262147) for t in tokens]
+    used.add("model.language_model:image_mask")
+    if len(mask) != T:
+        raise InputError(f"{taps}/model.language_model:image_mask.npy has {len(mask)} positions, tokens.npy {T}")
+    ranges, t = [], 0
+    while t < T:
+        if mask[t]:
+            end = t
+            while end < T and mask[end]:
+                end += 1
+            ranges.append([t, end])
+            t = end
+        t += 1
+    meta = {"producer": {"program": "tools/golden_vl.py (official Zaya1VLForConditionalGeneration, float32)",
+                         "converted_by": "tools/fixture_to_dump.py", "fixture": os.path.abspath(src)},
+            "model": {"checkpoint": "test/fixtures/vl (tools/vl_checkpoint.py)"}, "weight_format": "fp32",
+            "skip_expert": "zero", "image_positions": ranges, "tokens": tokens}
+    idx = os.path.join(os.path.dirname(os.path.abspath(src)), "index.json")
+    if os.path.exists(idx):
+        with open(idx) as f:
+            case = json.load(f).get("cases", {}).get(os.path.basename(os.path.abspath(src)), {})
+        if case:
+            meta["images"] = [{"file": "image.png", "height": case["image_size_hw"][0], "width": case["image_size_hw"][1],
+                               "image_grid_thw": case["image_grid_thw"], "image_tokens": case["image_tokens"]}]
+    write_dump(out, tensors, meta)
+    return len(tensors), sorted(have - used)
+
+
 def main(argv):
     if len(argv) != 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
+    taps = os.path.join(argv[0], "taps")
+    if os.path.isdir(taps) and any(f.startswith("model.language_model.") for f in os.listdir(taps)):
+        try:
+            n, unmapped = vl_to_dump(argv[0], argv[1])
+        except InputError as e:
+            print(f"fixture_to_dump.py: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:
+            print(f"fixture_to_dump.py: {e.filename}: {e.strerror}", file=sys.stderr)
+            return 2
+        print(f"wrote {argv[1]}: {n} tensors (ZAYA1-VL golden, official module paths of the tower, decoder renamed "
+              f"model.language_model.X -> model.X); unmapped taps: {len(unmapped)}")
+        return 0
     try:
         conv = Converter(argv[0])
         conv.convert()

@@ -279,7 +279,8 @@ def safetensors_index(path, meta, header):
     JSON text, plain strings as they are), else the header's tensors in offset order."""
     index = {}
     for key, value in meta.items():
-        if key in ("format_version", "producer", "model", "weight_format", "tokens", "tensors", "replay"):
+        if key in ("format_version", "producer", "model", "weight_format", "tokens", "tensors", "replay", "image_positions",
+                   "images"):
             try:
                 value = json.loads(value)
             except ValueError:
@@ -351,6 +352,7 @@ class Dump:
         tokens = self.index.get("tokens")
         self.tokens = list(tokens) if isinstance(tokens, list) else None
         self.skip = self.index.get("skip_expert")
+        self.image_positions = image_positions_of(self.index, path)
         wf = self.index.get("weight_format")
         self.weights = (wf.get("dtype") if isinstance(wf, dict) else wf) or "fp32"
         self._cache = {}
@@ -386,6 +388,19 @@ class Dump:
 
 
 
+def image_positions_of(index, path):
+    """ZAYA1-VL: the set of positions that take image features, from index.json's `image_positions` ([first, end)
+    ranges, docs/golden-formats.md); empty for a text dump."""
+    ranges = index.get("image_positions") if isinstance(index, dict) else None
+    if ranges is None:
+        return frozenset()
+    if not isinstance(ranges, list) or not all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r)
+                                               and 0 <= r[0] <= r[1] for r in ranges):
+        raise InputError(f"{path}: image_positions is {str(ranges)[:80]}\n  expected: a list of [first, end) position "
+                         f"ranges, e.g. [[2, 37]] (docs/golden-formats.md)")
+    return frozenset(t for a, b in ranges for t in range(a, b))
+
+
 def need_router_indices(d, view):
     """Raises InputError when a dump has a MoE layer's output but not its routing (mlp.gate.router_indices):
     without it a routing flip at a near-tie cannot be told from a bug, and every row after it looks like one."""
@@ -403,9 +418,12 @@ def need_router_indices(d, view):
 
 
 def position_text(d, t):
-    """"position t (token id X)": a position of dump d, with the token id at it when index.json has `tokens`."""
+    """"position t (token id X)": a position of dump d, with the token id at it when index.json has `tokens`, and
+    ", an image position" where the dump's image_positions (ZAYA1-VL) hold it."""
     toks = d.tokens if d is not None else None
-    return f"position {t}" + (f" (token id {toks[t]})" if toks and 0 <= t < len(toks) else "")
+    image = d is not None and t in getattr(d, "image_positions", ())
+    return (f"position {t}" + (f" (token id {toks[t]}{', an image position' if image else ''})"
+                               if toks and 0 <= t < len(toks) else ", an image position" if image else ""))
 
 
 def worst_position(port, ref, name, skip=()):

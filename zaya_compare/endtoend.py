@@ -13,7 +13,7 @@ import numpy as np
 from .dumps import same_model, Dump, InputError, guarded, position_text, declared_weights
 from .metrics import cosine, cosines, fmt, fsum, logits_rows_stats, row_errors, row_metrics, topk_ids, unravel
 from .names import (ATOL, COS_INT8, COS_INT8_ROW, FLOOR_REL, LOGITS_ATOL, LOGITS_TOPK_ATOL_INT8, STATE_SUFFIXES,
-                    TOPK_RE, kind_of, layer_of)
+                    TOPK_RE, is_vision, kind_of, layer_of)
 
 
 class Comparison:
@@ -333,11 +333,12 @@ class Comparison:
                                "paths (docs/compare.md); convert fixture goldens with tools/fixture_to_dump.py")
 
     def first_divergence(self):
-        """Earliest (position, execution index) of a bad row that no routing flip explains."""
+        """Earliest (position, execution index) of a bad row that no routing flip explains. ZAYA1-VL: the vision
+        tower runs before every position, so a vision tensor past tolerance comes first (its rows are patches)."""
         best = None
         for r in self.results:
             if r["bad"]:
-                key = (r["first_bad"], r["exec"])
+                key = (-1 if is_vision(r["name"]) else r["first_bad"], r["exec"])
                 if best is None or key < best[0]:
                     best = (key, r)
         return best[1] if best else None
@@ -360,6 +361,17 @@ class Comparison:
             prev = out
         return rows
 
+
+
+def vision_rows(res):
+    """What the rows of a vision tower tensor are (HF Zaya1VLVisionModel's order)."""
+    name, rows = res["name"], res["shape"][0] if res.get("shape") else 0
+    if name.endswith("rotary_pos_emb"):
+        return f"the rotary table's position, of {rows}"
+    if name in ("model.visual", "model.visual.patch_embed"):
+        return f"{'image feature' if name == 'model.visual' else 'patch'} in image order, of {rows}"
+    return f"{'merged patch' if '.merger.mlp' in name or name == 'model.visual.merger' else 'patch'} in window order " \
+           f"(HF get_window_index), of {rows}"
 
 
 def report(c, verbose):
@@ -440,9 +452,17 @@ def report(c, verbose):
 
     first = c.first_divergence()
     print()
-    if first:
+    if first and is_vision(first["name"]):
+        print(f"FIRST DIVERGENCE: {first['name']} (the vision tower), row {first['first_bad']} ({vision_rows(first)})")
+        prev = [x for x in c.results if x["exec"] < first["exec"]]
+        print("  the vision tower runs before the decoder: every decoder tensor after it follows from it; "
+              + (f"every tower tensor before it agrees: look at the computation between {prev[-1]['name']} and "
+                 f"{first['name']}" if prev else "it is the tower's first tensor: look at the pixels and the patch "
+                 "embedding (test/test_vl.py checks the preprocessing)"))
+    elif first:
         t0 = first["first_bad"]
-        print(f"FIRST DIVERGENCE: {first['name']} at position {t0}")
+        print(f"FIRST DIVERGENCE: {first['name']} at position {t0}"
+              + (", an image position" if t0 in c.test.image_positions else ""))
         prev = [x for x in c.results if x["exec"] < first["exec"]]
         if prev:
             print(f"  every tensor before it agrees at positions <= {t0} and all tensors agree at positions < {t0}; "
@@ -457,7 +477,9 @@ def report(c, verbose):
                   f"{earliest['first_bad']})")
     bugs = [f for f in c.flips if f["label"] == "BUG"]
     verdict = "DIVERGED" if first or bugs else "AGREE"
-    if first:
+    if first and is_vision(first["name"]):
+        verdict += f" at {first['name']}, row {first['first_bad']} of the vision tower"
+    elif first:
         verdict += f" at {first['name']}, {position_text(c.test, first['first_bad'])}"
     elif bugs:
         verdict += f" at model.layers.{bugs[0]['layer']}.mlp.gate.router_indices, {position_text(c.test, bugs[0]['position'])}"

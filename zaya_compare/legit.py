@@ -28,6 +28,8 @@ import struct
 
 import numpy as np
 
+from .names import VL_STEPS
+
 U32 = 2.0 ** -24        # float32 unit roundoff
 U_BF16 = 2.0 ** -8      # bf16 unit roundoff (8 significant bits)
 LAMBDA = 4.0            # Higham-Mary: |error| <= lambda sqrt(n) u sum|w||x| with high probability (lambda ~ 1)
@@ -425,6 +427,12 @@ def check_tap(ctx, name, rows=None):
     if exact.shape != port.shape:
         return None
     keep = np.isfinite(exact).all(axis=1)
+    image = set(getattr(ctx.port, "image_positions", ()))
+    if short == "self_attn.qkv_proj:value":     # the delayed half of t is v_proj_delayed of t - 1
+        image |= {t + 1 for t in image}
+    image = sorted(t for t in image if t < len(keep))
+    if image and short in VL_STEPS:   # ZAYA1-VL: at image positions the vision LoRA (no tap) adds to this step's input
+        keep[image] = False
     if rows is not None:
         sel = np.zeros(len(keep), dtype=bool)
         sel[[t for t in rows if t < len(keep)]] = True

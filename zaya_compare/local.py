@@ -25,7 +25,7 @@ from . import legit
 from .diagnose import GGML_PRODUCTS, diagnose
 from .dumps import Dump, InputError, declared_weights, guarded, need_router_indices, own_weights, worst_position
 from .metrics import common_vocabulary, fmt, fsum, row_metrics
-from .names import ATOL, LAYER_OUTPUT, is_logits, LAYER_STATE, execution_order, kind_of, layer_of
+from .names import ATOL, LAYER_OUTPUT, is_logits, is_vision, LAYER_STATE, VL_STEPS, execution_order, kind_of, layer_of
 
 # A bf16 port's local error of a tap may be this many times zaya.c's local bf16 envelope (the bf16
 # replay against the fp32 replay of the same inputs): docs/compare.md has the measurements (legitimate
@@ -195,6 +195,54 @@ def judge_layers(args, port, replay, env, ref):
     return rows, first, names
 
 
+def judge_tower(args, port, replay, env):
+    """ZAYA1-VL: (blocks, first, judged): per vision block (block, [(name, local error, tolerance, past it?)]) for the
+    tower taps the replay recomputed from the port's input to each block (./zaya --replay: the patch embedding for
+    block 0, the block before after it), the first past its tolerance, and whether they are judged (fp32 only: the
+    tower has no bf16 replay)."""
+    judged = env is None and not getattr(args, "bf16", False)
+    blocks, first = {}, None
+    for name in [n for n in replay.order if is_vision(n) and n.startswith("model.visual.blocks.") and port.has(n)]:
+        e, gate = local_error(port, replay, name), kind_of(name)[1] * args.tol_scale
+        bad = judged and e is not None and e > gate
+        blocks.setdefault(int(name.split(".")[3]), []).append((name, e, gate, bad))
+        if bad and first is None:
+            first = (int(name.split(".")[3]), name, e, gate)
+    return sorted(blocks.items()), first, judged
+
+
+def tower_report(port, replay, tower):
+    """Prints the tower's table; returns the exit status of its verdict (1 at a local error in a block), or None."""
+    blocks, first, judged = tower
+    if not blocks:
+        return None
+    print("\nvision tower (each block recomputed by zaya.c from the port's input to it: its patch embedding, or the "
+          "block before)" + ("" if judged else ";\n  not judged: the tower has no bf16 replay (its numbers are shown)")
+          + ":")
+    print(f"{'block':>5}  {'local error':>11}  worst tap (local error / its tolerance)")
+    for b, taps in blocks:
+        out = next((t for t in taps if t[0] == f"model.visual.blocks.{b}"), None)
+        worst = max((t for t in taps if t[1] is not None), key=lambda t: t[1] / t[2], default=None)
+        label = worst[0][len(f"model.visual.blocks.{b}."):] or "the block's output" if worst else ""
+        w = f"{label} {worst[1] / worst[2]:.2g}x" if worst and worst[1] > 0 else "-"
+        print(f"{b:>5}  {fmt(out[1]) if out else '-':>11}  {w}")
+    if not first:
+        return None
+    b, name, e, gate = first
+    sa, a = port.load(name)
+    _, x = replay.load(name)
+    a, x = a.reshape(sa[0], -1).astype(np.float64), x.reshape(sa[0], -1).astype(np.float64)
+    at = f"; largest row error at row {int(np.argmax(np.linalg.norm(a - x, axis=1)))} (a patch, in window order)"
+    prev = [t[0] for t in dict(blocks)[b]]
+    before = prev[prev.index(name) - 1] if prev.index(name) > 0 else (
+        "model.visual.patch_embed" if b == 0 else f"model.visual.blocks.{b - 1}")
+    print(f"\nFIRST LOCAL ERROR: vision block {b}, {name}\n  local error {fmt(e)} > tolerance {fmt(gate)}{at}"
+          f"\n  the vision tower runs before the decoder; every tower tap before it recomputes from the port's inputs "
+          f"within tolerance; look at the port's computation between {before} and {name}")
+    print("RESULT: LOCAL ERROR")
+    return 1
+
+
 # every layer past tolerance at its output, the largest local error at most this many times the smallest, in a
 # dump without the product taps that tell weights from code (diagnose.py): no layer is blamed (on the fixture
 # Q8_0 and Q4_0 spread 2.2x and 2.3x; a bug leaves the layers before it at 0)
@@ -270,6 +318,9 @@ def report(args, port, replay, env, ref, rows, first, names):
               f"as ggml dequantizes them): the port computes its products otherwise;\n  {GGML_PRODUCTS}")
         print("RESULT: LOCAL ERROR")
         return 1
+    rc = tower_report(port, replay, judge_tower(args, port, replay, env))   # ZAYA1-VL: the tower runs first
+    if rc is not None:
+        return rc
     uniform = every_layer_differs(rows) if d.verdict == "unknown" else None
     if first and uniform:
         layer, name, e, gate, ee = first
@@ -292,6 +343,9 @@ def report(args, port, replay, env, ref, rows, first, names):
         prev = [n for n in names if n.startswith(f"model.layers.{layer}.")]
         before = prev[prev.index(name) - 1] if prev.index(name) > 0 else f"the input of layer {layer}"
         evidence = "".join(f"\n  {ln}" for ln in d.code_lines())
+        step = name.split(".", 3)[-1]
+        if getattr(port, "image_positions", None) and step in VL_STEPS:   # ZAYA1-VL
+            evidence += f"\n  ZAYA1-VL: at the image positions this step also adds {VL_STEPS[step]}"
         print(f"\nFIRST LOCAL ERROR: layer {layer}, {name}\n  {why}{evidence}\n  every layer before it recomputes from "
               f"the port's inputs within tolerance; look at the port's computation between {before} and {name}")
         print("RESULT: LOCAL ERROR")

@@ -20,6 +20,8 @@ tiny compared with its neighbours (or exactly zero) is judged against a floor, n
   | logits                | `logits` (full or `logits:topK_values`)   | max abs <= 1e-3 per row | cosine; against a top-k|
   |                       |                                           |                         | reference max abs 0.1  |
   | integer               | `router_indices`, any int32 tensor        | exact                   | exact                  |
+  | vision (ZAYA1-VL)     | `model.visual*`: rows are patches (or     | rowerr <= 1e-5          | cosine                 |
+  |                       | merged patches), not positions            |                         |                        |
 
 int8 "cosine": the whole tensor's cosine >= COS_INT8 = 0.999 and every row's >= COS_INT8_ROW = 0.995
 (when the tensor is below 0.999, its rows below 0.999 are the bad ones); rows explained by a routing
@@ -46,6 +48,7 @@ LOGITS_TOPK_ATOL_INT8 = 0.1  # int8 vs a top-k-only reference: max |a-b| over th
 
 # (kind, regex on the name, rtol for fp32 vs fp32); the first match wins
 KINDS = [
+    ("vision", re.compile(r"^model\.visual([.:]|$)"), 1e-5),
     ("attention", re.compile(r"(self_attn:|qk_norm:|self_attn\.o_proj$)"), 3e-5),
     ("router", re.compile(r"\.mlp\.gate[.:]"), 3e-5),
     ("activation", re.compile(r""), 1e-5),
@@ -76,6 +79,14 @@ LAYER_TENSORS = [
     "mlp.gate.router_indices", "mlp.gate:router_weight", "mlp.experts", "post_mlp_residual_scale",
 ]
 GLOBAL_LAST = ["model.norm", "logits"]
+# ZAYA1-VL: the vision tower (HF Zaya1VLVisionModel, model.visual), before the decoder. Its tensors are
+# [rows, cols]: patch rows (patch_embed in image order, the blocks and merger.ln_q in window order), merged
+# patch rows (the merger, in window order; model.visual, the image features, in image order), the rotary
+# table's positions; they run before every decoder position.
+VISION_FIRST = ["model.visual.patch_embed", "model.visual.rotary_pos_emb"]
+VISION_BLOCK = ["norm1", "attn.qkv", "attn", "norm2", "mlp.gate_proj", "mlp.up_proj", "mlp", ""]
+VISION_LAST = ["model.visual.merger.ln_q", "model.visual.merger.mlp.0", "model.visual.merger.mlp.1",
+               "model.visual.merger", "model.visual"]
 LAYER_STATE = ["self_attn.qkv_proj:conv_state", "self_attn.qkv_proj:delayed_value_state",
                "self_attn:key_cache", "self_attn:value_cache"]
 LAYER_OUTPUT = "post_mlp_residual_scale"
@@ -105,10 +116,37 @@ DEPS = {
     "post_mlp_residual_scale": ["mlp.experts", "post_attention_residual_scale"],
 }
 
+# ZAYA1-VL: what a decoder step adds at image positions that no tap shows alone (zaya.c and the official code tap
+# q_proj, k_proj, v_proj_*, o_proj before their LoRA): the first tap each reaches (docs/architecture.md §V.9-10)
+VL_STEPS = {
+    "self_attn.qkv_proj.conv_qk_depthwise": "the q_proj / k_proj vision LoRA (B (A h), added to u = [q~ ; k~] before "
+                                            "the convolutions)",
+    "self_attn.qkv_proj:query_residual": "the q_proj / k_proj vision LoRA (added to u before the residual mix)",
+    "self_attn.qkv_proj:key_residual": "the q_proj / k_proj vision LoRA (added to u before the residual mix)",
+    "self_attn.qkv_proj:value": "the v_proj_current / v_proj_delayed vision LoRA (added before the delay)",
+    "self_attn:attn_output": "the bidirectional image mask (an image position attends to every image position)",
+    "post_attention_residual_scale": "o_proj's vision LoRA (o_lora_b (o_lora_a attn_output), added to o_proj's "
+                                     "output)",
+    "mlp.experts": "each expert's vision LoRA (lora_gate_up_proj, lora_down_proj)",
+}
 
-def execution_order(n_layers):
-    """Every tensor name a full dump of an n_layers model holds, in execution order."""
-    names = list(GLOBAL_FIRST)
+
+def vision_order(depth):
+    """Every vision tower tensor zaya.c's --dump --image writes for a tower of `depth` blocks, in execution order."""
+    return VISION_FIRST + [f"model.visual.blocks.{i}" + (f".{x}" if x else "") for i in range(depth)
+                           for x in VISION_BLOCK] + VISION_LAST
+
+
+def is_vision(name):
+    """A ZAYA1-VL vision tower tensor (model.visual...): rows are patches, not positions."""
+    return name == "model.visual" or name.startswith(("model.visual.", "model.visual:"))
+
+
+def execution_order(n_layers, vision_depth=0):
+    """Every tensor name a full dump of an n_layers model holds, in execution order (ZAYA1-VL with an image: the
+    vision tower's vision_depth blocks first)."""
+    names = vision_order(vision_depth) if vision_depth else []
+    names += GLOBAL_FIRST
     for i in range(n_layers):
         names += [f"model.layers.{i}.{s}" for s in LAYER_TENSORS]
     names += GLOBAL_LAST
