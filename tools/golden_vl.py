@@ -3,7 +3,7 @@
 
     /work/venv/bin/python tools/golden_vl.py --upstream DIR [--fixtures test/fixtures] [--out test/fixtures/vl]
         [--seed 49] [--images 130x200,61x90] [--text CKPT] [--vision depth=2,hidden_size=32,...]
-        [--fullatt 1] [--lora-ranks 4,6] [--dtype float32|float64] [--reference64]
+        [--fullatt 1] [--lora-ranks 4,6] [--dtype float32|float64] [--reference64] [--compact]
 
 DIR holds the official files of transformers pull request #46011 (`zaya1_vl/configuration_zaya1_vl.py`,
 `zaya1_vl/modeling_zaya1_vl.py`, unmodified); they are imported as transformers.models.zaya1_vl beside a
@@ -47,6 +47,13 @@ VISION = dict(depth=2, hidden_size=32, hidden_act="silu", intermediate_size=40, 
 LORA = dict(vision_lora=True, vision_lora_rank_attn=4, vision_lora_rank_mlp=6)
 IMAGES = "130x200,61x90"          # height x width before the processor's resize
 TEXT_IDS = [818, 5279, 529, 506, 2268]                 # a few text tokens after the image
+# --compact (a variant fixture stays small): vision taps left out: the ones equal to another tap (a module's last
+# submodule) and a block's widest insides (qkv, the MLP's gate / up / product), so block, norm, attention and MLP
+# outputs and the merger's steps stay; decoder taps kept: five per layer and the final norm.
+COMPACT_DROP = (".act_fn", ".attn.proj", ".mlp.down_proj", "merger.mlp", "merger.mlp.2", "patch_embed.proj",
+                ".attn.qkv", ".mlp.gate_proj", ".mlp.up_proj")
+COMPACT_DECODER = (".input_layernorm", ".self_attn.o_proj", ".post_attention_residual_scale", ".mlp.experts",
+                   ".post_mlp_residual_scale", "final_norm")
 
 
 def sha256(path):
@@ -79,6 +86,8 @@ def parse_args():
     ap.add_argument("--fullatt", default=None, help="fullatt_block_indexes, e.g. 1 or 0,2 ('' for none)")
     ap.add_argument("--lora-ranks", default=None, help="ATTN,MLP (default 4,6)")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    ap.add_argument("--compact", action="store_true", help="keep fewer vision taps (see COMPACT_DROP) and no "
+                    "extra PNG color types")
     ap.add_argument("--reference64", action="store_true", help="with float32: also run the model in float64 and "
                     "keep its vision block, decoder layer and top-16 logit values as CASE/reference64/*.npy")
     args = ap.parse_args()
@@ -212,13 +221,13 @@ def run_taps(model, input_ids, pixel_values, grid, text_layer_types):
 
 def reference64(taps64, logits64, top_ids):
     """The float64 run's taps kept as the reference of the float32 fixture: every vision block's output and
-    the tower's (patch_embed, blocks.N, merger, model.visual), every decoder layer's output (layers.N =
+    the tower's (patch_embed, blocks.N, model.visual), every decoder layer's output (layers.N =
     its post_mlp_residual_scale), and the logits at the float32 run's top-16 ids; float64."""
     import numpy as np
     keep = {}
     for name, v in taps64.items():
         parts = name.split(".")
-        if name in ("model.visual", "model.visual.patch_embed", "model.visual.merger") or \
+        if name in ("model.visual", "model.visual.patch_embed") or \
                 (len(parts) == 4 and parts[:3] == ["model", "visual", "blocks"]) or \
                 (len(parts) == 4 and parts[:3] == ["model", "language_model", "layers"]):
             keep[name] = v
@@ -250,8 +259,8 @@ def main():
                           "files": {f: sha256(os.path.join(args.upstream, "zaya1_vl", f))
                                     for f in ("configuration_zaya1_vl.py", "modeling_zaya1_vl.py")},
                           "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-                          "processor": f"Qwen2VLImageProcessorPil(patch_size={vc['patch_size']}, temporal_patch_size=1, "
-                                       f"merge_size={vc['spatial_merge_size']}),"
+                          "processor": f"Qwen2VLImageProcessorPil(patch_size={vc['patch_size']}, "
+                                       f"temporal_patch_size=1, merge_size={vc['spatial_merge_size']}),"
                                        " resample BICUBIC (PIL), rescale 1/255, CLIP mean/std",
                           "dtype": args.dtype, "attention": "eager", "seed": args.seed,
                           "command": "tools/golden_vl.py " + " ".join(sys.argv[1:])},
@@ -272,7 +281,7 @@ def main():
             f.write(b"P6\n%d %d\n255\n" % (w, h) + img.tobytes())
         from PIL import Image
         Image.fromarray(img).save(os.path.join(d, "image.png"))   # RGB, Pillow's adaptive filters
-        if case == "image_b":     # the other PNG color types, and what PIL's convert("RGB") makes of them
+        if case == "image_b" and not args.compact:   # the other PNG color types, and PIL's convert("RGB") of them
             alpha = rs.randint(0, 256, size=(h, w, 1)).astype(np.uint8)
             Image.fromarray(np.concatenate([img, alpha], -1), "RGBA").save(os.path.join(d, "rgba.png"))
             for name, im in (("gray", Image.fromarray(img).convert("L")),
@@ -314,6 +323,10 @@ def main():
         np.save(os.path.join(d, "logits_top16_ids.npy"), top.indices.numpy().astype(np.int32))
         np.save(os.path.join(d, "logits_top16_values.npy"), top.values.numpy())
         np.save(os.path.join(d, "greedy_tokens.npy"), np.array(greedy, dtype=np.int32))
+        if args.compact:
+            taps = {k: v for k, v in taps.items() if ":" in k or (k.startswith("model.visual") and
+                                                                  not k.endswith(COMPACT_DROP)) or
+                    (k.startswith("model.language_model") and k.endswith(COMPACT_DECODER))}
         for name, v in taps.items():
             np.save(os.path.join(d, "taps", name + ".npy"), v)
         if model64 is not None:
