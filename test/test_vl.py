@@ -2,6 +2,7 @@
 """test_vl.py - ZAYA1-VL end to end against the official code (test/fixtures/vl and vl2, tools/golden_vl.py).
 
     make zaya build/test_image && python3 test/test_vl.py
+    python3 test/test_vl.py [--text CKPT] VLDIR...    # other tools/golden_vl.py --reference64 outputs instead
 
 Each fixture checkpoint (tools/vl_checkpoint.py: checkpoint_native's language model + VL/extra.safetensors) is
 exported (blob format version 3); for every image of vl (two, tower depth 2) and vl2 (two more: depth 3, hidden
@@ -14,8 +15,8 @@ exported (blob format version 3); for every image of vl (two, tower depth 2) and
   float32 run: those within 1e-6 plus the float32 run's own distance from its float64 run (the official float32
   run is up to 1.3e-6 from float64 on vl's image_b layers: its image features carry ~6e-7 of float32
   summation noise that the decoder amplifies; no float32 implementation with another summation order can be
-  within 1e-6 of it there), every other tap within 1e-5, the same argmax at every position, 8 greedy tokens
-  identical. tests/test_vision.py holds vl's every tower tap to 1e-6 of the official float32 run.
+  within 1e-6 of it there), every other tap within 1e-5, the same argmax at every position (or one whose
+  official logit ties with the official top one), 8 greedy tokens identical. tests/test_vision.py holds vl's every tower tap to 1e-6 of the official float32 run.
 - misuse: --image on a text-only blob, an image token count that does not match, a truncated PNG.
 """
 import os
@@ -31,8 +32,8 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 import vl_checkpoint  # noqa: E402
 
 FX = need_fixtures()
-VLS = (need_fixtures("vl"), need_fixtures("vl2"))
-VL = VLS[0]
+VL = need_fixtures("vl")
+VLS = (VL, need_fixtures("vl2"))
 LIMIT = 1e-6        # the issue's number; see the docstring for how the official float32 run's own error enters
 
 
@@ -127,7 +128,8 @@ def decoder(tmp, vl, blob):
         d = os.path.join(vl, case)
         name = label(vl, case)
         ids = ",".join(map(str, np.load(os.path.join(d, "tokens.npy")).tolist()))
-        dump = os.path.join(tmp, "dump_" + name.replace("/", "_"))
+        dump = tempfile.mkdtemp(prefix="dump_", dir=tmp)
+        os.rmdir(dump)   # ./zaya --dump makes it
         rc, _, err = run(["./zaya", blob, "--image", os.path.join(d, "image.png"), "--ids", ids, "--dump", dump])
         if not check(rc == 0, f"{name}: ./zaya --image --dump", err.strip()[-600:]):
             continue
@@ -157,11 +159,13 @@ def decoder(tmp, vl, blob):
               f"{worst[1]})", worst[1])
         logits = np.load(os.path.join(dump, "logits.npy"))
         top_ids, top_vals = (np.load(os.path.join(d, f"logits_top16_{k}.npy")) for k in ("ids", "values"))
-        check(bool((logits.argmax(-1) == top_ids[:, 0]).all()), f"{name}: the same argmax at all {len(top_ids)} "
-              "positions",
-              f"differs at positions {np.nonzero(logits.argmax(-1) != top_ids[:, 0])[0].tolist()}")
-        vdir = os.path.join(tmp, "vision_" + name.replace("/", "_"))   # the tower through the blob, by HF module path
-        os.makedirs(vdir)
+        # the same argmax, or one the official logits tie with theirs (a random embedding can repeat rows)
+        ours = logits.argmax(-1)
+        same = [bool(a == ids[0] or (a in ids and vals[list(ids).index(a)] == vals[0]))
+                for a, ids, vals in zip(ours, top_ids, top_vals)]
+        check(all(same), f"{name}: the same argmax at all {len(top_ids)} positions",
+              f"differs at positions {[p for p, ok in enumerate(same) if not ok]}")
+        vdir = tempfile.mkdtemp(prefix="vision_", dir=tmp)   # the tower through the blob, by HF module path
         rc, out, err = run(["./zaya", blob, "--image", os.path.join(d, "image.ppm"), "--ids", ids, "-n", "8", "-t", "0",
                             "--print-ids", "--dump-vision", vdir])
         worst, nv = (0.0, ""), 0
@@ -201,16 +205,29 @@ def misuse(tmp, blob, text_blob):
 
 
 def main():
+    """test_vl.py [--text CKPT] [VLDIR ...]: other golden_vl.py outputs (held-out shapes) instead of vl and vl2;
+    --text: their language model's native checkpoint folder when it is not checkpoint_native."""
+    global VLS
+    args, text = sys.argv[1:], None
+    if args[:1] == ["--text"]:
+        text, args = args[1], args[2:]
     with tempfile.TemporaryDirectory() as tmp:
+        fixtures = FX
+        if text:   # vl_checkpoint.compose reads FIXTURES/checkpoint_native
+            fixtures = os.path.join(tmp, "fixtures")
+            os.makedirs(fixtures)
+            os.symlink(os.path.abspath(text), os.path.join(fixtures, "checkpoint_native"))
+            os.symlink(os.path.join(FX, "tokenizer"), os.path.join(fixtures, "tokenizer"))
+        VLS = tuple(os.path.abspath(a) for a in args) or VLS
         text_blob = os.path.join(tmp, "text.bin")
         rc, _, err = run([sys.executable, "export_weights.py", os.path.join(FX, "checkpoint_native"), text_blob])
         check(rc == 0 and struct.unpack_from("<I", open(text_blob, "rb").read(12), 8)[0] == 1,
               "a text checkpoint still exports as format version 1", err.strip()[-300:])
         blobs = {}
-        for vl in VLS:
+        for i, vl in enumerate(VLS):
             images(tmp, vl)
-            ckpt = vl_checkpoint.compose(FX, os.path.join(tmp, "ckpt_" + os.path.basename(vl)), vl)
-            blob = blobs[vl] = os.path.join(tmp, os.path.basename(vl) + ".bin")
+            ckpt = vl_checkpoint.compose(fixtures, os.path.join(tmp, f"ckpt{i}"), vl)
+            blob = blobs[vl] = os.path.join(tmp, f"vl{i}.bin")
             rc, _, err = run([sys.executable, "export_weights.py", ckpt, blob])
             if not check(rc == 0, f"export the {os.path.basename(vl)} checkpoint", err.strip()[-600:]):
                 continue
