@@ -426,40 +426,48 @@ static uint8_t clip8(int v) {
     return (uint8_t)(v >> PRECISION_BITS);
 }
 
-void zaya_resize_bicubic(const uint8_t *in, int w, int h, uint8_t *out, int out_w, int out_h) {
-    /* horizontal pass (only if the width changes) into tmp [h, out_w], then vertical (if the height does) */
-    const uint8_t *src = in;
-    uint8_t *tmp = NULL;
+/* One pass of Pillow's ImagingResampleHorizontal_8bpc / ImagingResampleVertical_8bpc: in [h, w, 3] resized
+ * along one axis, horizontal (to out_len columns: out [h, out_len, 3]) or vertical (to out_len rows: out
+ * [out_len, w, 3]); each output the fixed-point sum of its inputs times their weights, rounded to 8 bits.
+ * Returns -1 when out of memory. */
+static int resample_pass(const uint8_t *in, int w, int h, uint8_t *out, int out_len, int horizontal) {
     int *bounds = NULL, *weights = NULL;
-    if (out_w != w) {
-        const int ksize = coefficients(w, out_w, &bounds, &weights);
-        tmp = malloc((size_t)h * out_w * 3 + 1);
-        for (int y = 0; ksize > 0 && tmp && y < h; y++)
-            for (int xx = 0; xx < out_w; xx++)
-                for (int ch = 0; ch < 3; ch++) {
-                    int ss = 1 << (PRECISION_BITS - 1);
-                    for (int x = 0; x < bounds[2 * xx + 1]; x++)
-                        ss += in[((size_t)y * w + bounds[2 * xx] + x) * 3 + ch] * weights[(size_t)xx * ksize + x];
-                    tmp[((size_t)y * out_w + xx) * 3 + ch] = clip8(ss);
-                }
-        free(bounds), free(weights);
-        src = tmp;
+    const int ksize = coefficients(horizontal ? w : h, out_len, &bounds, &weights);
+    const size_t step = horizontal ? 3 : (size_t)w * 3;   /* from one input of a sum to the next */
+    for (int i = 0; ksize > 0 && i < out_len; i++) {
+        const int first = bounds[2 * i], n = bounds[2 * i + 1];
+        const int *k = weights + (size_t)i * ksize;
+        for (int j = 0; j < (horizontal ? h : w); j++)    /* the rows (horizontal) or columns (vertical) */
+            for (int ch = 0; ch < 3; ch++) {
+                const uint8_t *src = in + (horizontal ? (size_t)j * w + first : (size_t)first * w + j) * 3 + ch;
+                int ss = 1 << (PRECISION_BITS - 1);
+                for (int x = 0; x < n; x++) ss += src[x * step] * k[x];
+                out[(horizontal ? (size_t)j * out_len + i : (size_t)i * w + j) * 3 + ch] = clip8(ss);
+            }
     }
-    if (out_h != h) {
-        const int ksize = coefficients(h, out_h, &bounds, &weights);
-        for (int yy = 0; ksize > 0 && src && yy < out_h; yy++)
-            for (int xx = 0; xx < out_w; xx++)
-                for (int ch = 0; ch < 3; ch++) {
-                    int ss = 1 << (PRECISION_BITS - 1);
-                    for (int y = 0; y < bounds[2 * yy + 1]; y++)
-                        ss += src[((size_t)(bounds[2 * yy] + y) * out_w + xx) * 3 + ch] * weights[(size_t)yy * ksize + y];
-                    out[((size_t)yy * out_w + xx) * 3 + ch] = clip8(ss);
-                }
-        free(bounds), free(weights);
-    } else if (src) {
-        memcpy(out, src, (size_t)out_h * out_w * 3);
+    free(bounds), free(weights);
+    return ksize > 0 ? 0 : -1;
+}
+
+int zaya_resize_bicubic(const uint8_t *in, int w, int h, uint8_t *out, int out_w, int out_h) {
+    /* Pillow 13's ImagingResampleInner: the vertical pass first when the height shrinks by more than twice
+     * the width's change ("to make the horizontal pass faster"), else horizontal then vertical (Pillow <= 12
+     * always did the horizontal pass first; the two orders round differently). Each pass only if its size
+     * changes. */
+    if (out_w == w && out_h == h) {
+        memcpy(out, in, (size_t)out_h * out_w * 3);
+        return 0;
     }
-    free(tmp);
+    if (out_h == h) return resample_pass(in, w, h, out, out_w, 1);
+    if (out_w == w) return resample_pass(in, w, h, out, out_h, 0);
+    const int vertical_first = h - out_h > 0 && h - out_h > (w - out_w) * 2;
+    const int mid_w = vertical_first ? w : out_w, mid_h = vertical_first ? out_h : h;
+    uint8_t *mid = malloc((size_t)mid_w * mid_h * 3 + 1);
+    int rc = mid ? 0 : -1;
+    if (!rc) rc = resample_pass(in, w, h, mid, vertical_first ? out_h : out_w, !vertical_first);   /* first pass */
+    if (!rc) rc = resample_pass(mid, mid_w, mid_h, out, vertical_first ? out_w : out_h, vertical_first);  /* second */
+    free(mid);
+    return rc;
 }
 
 int zaya_image_pixels(const ZayaImage *img, const ZayaVisionConfig *c, float **pixels, int *grid_h, int *grid_w,
@@ -479,7 +487,11 @@ int zaya_image_pixels(const ZayaImage *img, const ZayaVisionConfig *c, float **p
         free(rgb), free(x), free(*pixels), *pixels = NULL;
         return zaya_fail(err, errlen, "out of memory for a %d x %d image", w, h);
     }
-    zaya_resize_bicubic(img->rgb, img->width, img->height, rgb, w, h);          /* PIL Image.resize(BICUBIC) */
+    if (zaya_resize_bicubic(img->rgb, img->width, img->height, rgb, w, h) != 0) {   /* PIL resize(BICUBIC) */
+        free(rgb), free(x), free(*pixels), *pixels = NULL;
+        return zaya_fail(err, errlen, "out of memory resizing a %d x %d image to %d x %d", img->width, img->height, w,
+                         h);
+    }
     for (size_t i = 0; i < (size_t)h * w * 3; i++) {                           /* rescale (float64), normalize */
         const float v = (float)((double)rgb[i] * (1.0 / 255.0));
         x[i] = (v - mean[i % 3]) / stdev[i % 3];

@@ -26,10 +26,11 @@ int zaya_image_read(const char *path, ZayaImage *img, char *err, size_t errlen);
 int zaya_smart_resize(int height, int width, int factor, int min_pixels, int max_pixels, int *out_h, int *out_w,
                       char *err, size_t errlen);
 
-/* PIL Image.resize(..., BICUBIC) on 8-bit RGB (Pillow's Resample.c: a = -0.5, support 2 times the scale
- * when shrinking, 22-bit fixed-point coefficients, horizontal pass then vertical, each rounded to 8 bits).
- * in [h, w, 3] -> out [out_h, out_w, 3] */
-void zaya_resize_bicubic(const uint8_t *in, int w, int h, uint8_t *out, int out_w, int out_h);
+/* PIL Image.resize(..., BICUBIC) on 8-bit RGB (Pillow 13's Resample.c: a = -0.5, support 2 times the scale
+ * when shrinking, 22-bit fixed-point coefficients, two passes each rounded to 8 bits: horizontal then vertical,
+ * or vertical first when the height shrinks by more than twice the width's change).
+ * in [h, w, 3] -> out [out_h, out_w, 3]. Returns 0, or -1 when out of memory. */
+int zaya_resize_bicubic(const uint8_t *in, int w, int h, uint8_t *out, int out_w, int out_h);
 
 /* The processor's defaults (Qwen2VLImageProcessor): min_pixels 56*56, max_pixels 28*28*1280. */
 #define ZAYA_IMAGE_MIN_PIXELS (56 * 56)

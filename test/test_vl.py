@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
-"""test_vl.py - ZAYA1-VL end to end against the official code (test/fixtures/vl, tools/golden_vl.py).
+"""test_vl.py - ZAYA1-VL end to end against the official code (test/fixtures/vl and vl2, tools/golden_vl.py).
 
     make zaya build/test_image && python3 test/test_vl.py
+    python3 test/test_vl.py [--text CKPT] VLDIR...    # other tools/golden_vl.py --reference64 outputs instead
 
-The fixture checkpoint (tools/vl_checkpoint.py: checkpoint_native's language model + vl/extra.safetensors)
-is exported (blob format version 3); for both images:
-- image.c: the PPM and PNG files (RGB; for image_b also RGBA, gray, palette) decode to PIL's RGB, and the
+Each fixture checkpoint (tools/vl_checkpoint.py: checkpoint_native's language model + VL/extra.safetensors) is
+exported (blob format version 3); for every image of vl (two, tower depth 2) and vl2 (two more: depth 3, hidden
+40, full attention first, 56-px windows, LoRA ranks 8 / 8, a resize that runs Pillow 13's vertical pass first):
+- image.c: the PPM and PNG files (RGB; for vl's image_b also RGBA, gray, palette) decode to PIL's RGB, and the
   preprocessing gives the official processor's pixel values bit for bit;
-- ./zaya --image image.png --ids <the prompt> --dump: every decoder layer's output within relative L2 2e-6
-  of the official float32 run, every other decoder tap within 1e-5, the logits' top-16 within 1e-6 and
-  the same argmax at every position; 8 greedy tokens identical. (2e-6, not the text model's 1e-6: the
-  official float32 run is itself 4.3e-7 from the exact (float64) patch embedding of these images, so the
-  image features reach the decoder with ~6e-7 of float32 summation-order noise: measured 0.6-1.1e-6 per
-  layer; tests/test_vision.py holds the tower's every tap to 1e-6.)
+- ./zaya --image image.png --ids <the prompt> --dump: against CASE/reference64 (the same official code in
+  float64): every vision block and decoder layer output and the top-16 logits within relative L2 1e-6 of it, or
+  at least as close as the official float32 run is ("as exact as the official code"); against the official
+  float32 run: those within 1e-6 plus the float32 run's own distance from its float64 run (the official float32
+  run is up to 1.3e-6 from float64 on vl's image_b layers: its image features carry ~6e-7 of float32
+  summation noise that the decoder amplifies; no float32 implementation with another summation order can be
+  within 1e-6 of it there; where that distance is over 1e-6, an ill-conditioned model, within twice it),
+  every other tap within 1e-5 (10x the official float32 run's own distance from float64 at its layer, where
+  that is over 1e-6), the same argmax at every position (or one whose official logit ties with the official
+  top one), 8 greedy tokens identical. tests/test_vision.py holds vl's every tower tap to 1e-6 of the
+  official float32 run.
 - misuse: --image on a text-only blob, an image token count that does not match, a truncated PNG.
 """
 import os
@@ -29,8 +36,8 @@ import vl_checkpoint  # noqa: E402
 
 FX = need_fixtures()
 VL = need_fixtures("vl")
-CASES = ("image_a", "image_b")
-LAYER_LIMIT = 2e-6      # see the docstring
+VLS = (VL, need_fixtures("vl2"))
+LIMIT = 1e-6        # the issue's number; see the docstring for how the official float32 run's own error enters
 
 
 def rel(a, b):
@@ -38,15 +45,25 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def images(tmp):
+def cases(vl):
+    return sorted(c for c in os.listdir(vl) if c.startswith("image_"))
+
+
+def label(vl, case):
+    return f"{os.path.basename(vl)}/{case}"
+
+
+def images(tmp, vl):
     exe = os.path.join(ROOT, "build", "test_image")
     if not check(os.path.exists(exe), "build/test_image is built", "hint: make build/test_image"):
         return
-    for case in CASES:
-        d = os.path.join(VL, case)
+    for case in cases(vl):
+        d = os.path.join(vl, case)
         with open(os.path.join(d, "image.ppm"), "rb") as f:
             ppm = f.read()
-        files = ["image.ppm", "image.png"] + (["rgba.png", "gray.png", "palette.png"] if case == "image_b" else [])
+        files = ["image.ppm", "image.png"] + [f for f in ("rgba.png", "gray.png", "palette.png")
+                                              if os.path.exists(os.path.join(d, f))]
+        case = label(vl, case)
         for name in files:
             out = os.path.join(tmp, "rgb.bin")
             rc, so, err = run([exe, os.path.join(d, name), out, "--rgb"])
@@ -73,50 +90,104 @@ def images(tmp):
                   f"{n_diff} of {want.size} values differ (-1: size {got.size})")
 
 
-def decoder(tmp, blob):
-    for case in CASES:
-        d = os.path.join(VL, case)
+def dump_name(name):
+    """The HF module path of a decoder tap -> zaya.c's dump name."""
+    return name.replace("model.language_model.", "model.").replace("rmsnorm_eda", "norm")
+
+
+def exactness(case, d, dump, vdump, logits, top_ids, taps):
+    """Every vision block and decoder layer output and the top-16 logits against the float64 run (x) and the
+    official float32 run (o): rel(z, x) <= max(1e-6, rel(o, x)), and rel(z, o) <= max(1e-6, rel(o, x)) + rel(o, x)
+    (1e-6 beyond the official float32 run's own distance from float64, or twice that distance where it is over
+    1e-6: an ill-conditioned model, where zaya.c is only asked to be as exact as the official float32 run)."""
+    ref = os.path.join(d, "reference64")
+    if not check(os.path.isdir(ref), f"{case}: reference64 present", "hint: tools/golden_vl.py --reference64"):
+        return
+    rows = []
+    for f in sorted(os.listdir(ref)):
+        name, x = f[:-4], np.load(os.path.join(ref, f))
+        if name == "logits_top16":
+            z = np.take_along_axis(logits, top_ids.astype(np.int64), -1)
+            o = np.load(os.path.join(d, "logits_top16_values.npy"))
+        elif name.startswith("model.visual"):
+            z, o = np.load(os.path.join(vdump, f)), taps(name)
+        else:   # a decoder layer's output: its post_mlp_residual_scale
+            layer_out = name + ".post_mlp_residual_scale"
+            z, o = np.load(os.path.join(dump, dump_name(layer_out) + ".npy")), taps(layer_out)
+        rows.append((name, rel(z, x), rel(o, x), rel(z, o)))
+    exact = [r for r in rows if r[1] > max(LIMIT, r[2])]
+    worst = max(rows, key=lambda r: r[1])
+    check(not exact and len(rows) >= 4, f"{case}: {len(rows)} outputs (vision blocks, decoder layers, logits) within "
+          f"rel L2 {LIMIT:g} of the official code in float64 or as close as its float32 run (worst {worst[1]:.2g} at "
+          f"{worst[0]}; official float32 {max(r[2] for r in rows):.2g})",
+          "; ".join(f"{n}: {z:.3g} from float64, the official float32 run {o:.3g}" for n, z, o, _ in exact))
+    far = [r for r in rows if r[3] > max(LIMIT, r[2]) + r[2]]
+    worst = max(rows, key=lambda r: r[3] - r[2])
+    check(not far, f"{case}: the same within rel L2 {LIMIT:g} of the official float32 run beyond its own distance "
+          f"from float64 (worst {worst[3]:.2g} at {worst[0]}, whose float32 run is {worst[2]:.2g} from float64)",
+          "; ".join(f"{n}: {zo:.3g} from the official float32 run, {max(LIMIT, o) + o:.3g} allowed"
+                    for n, _, o, zo in far))
+
+
+def inner_limits(d, taps):
+    """The limit for taps inside a layer (or the tower): 10 x max(1e-6, the official float32 run's distance from
+    float64 at that layer's output (the tower's output)), i.e. 1e-5 unless the model amplifies float32 noise."""
+    ref, own = os.path.join(d, "reference64"), {}
+    for layer in range(1000):
+        f = os.path.join(ref, f"model.language_model.layers.{layer}.npy")
+        if not os.path.exists(f):
+            break
+        own[str(layer)] = rel(taps(f"model.language_model.layers.{layer}.post_mlp_residual_scale"), np.load(f))
+    f = os.path.join(ref, "model.visual.npy")
+    own["visual"] = rel(taps("model.visual"), np.load(f)) if os.path.exists(f) else 0.0
+    return lambda key: 10 * max(LIMIT, own.get(key, 0.0))
+
+
+def decoder(tmp, vl, blob):
+    for case in cases(vl):
+        d = os.path.join(vl, case)
+        name = label(vl, case)
         ids = ",".join(map(str, np.load(os.path.join(d, "tokens.npy")).tolist()))
-        dump = os.path.join(tmp, "dump_" + case)
+        dump = tempfile.mkdtemp(prefix="dump_", dir=tmp)
+        os.rmdir(dump)   # ./zaya --dump makes it
         rc, _, err = run(["./zaya", blob, "--image", os.path.join(d, "image.png"), "--ids", ids, "--dump", dump])
-        if not check(rc == 0, f"{case}: ./zaya --image --dump", err.strip()[-600:]):
+        if not check(rc == 0, f"{name}: ./zaya --image --dump", err.strip()[-600:]):
             continue
-        worst_layer, worst_other, n = (0.0, ""), (0.0, ""), 0
+        taps = lambda tap: np.load(os.path.join(d, "taps", tap + ".npy"))   # noqa: E731
+        limit = inner_limits(d, taps)
+        worst, n, layers, over = (0.0, ""), 0, set(), 0
         for f in sorted(os.listdir(os.path.join(d, "taps"))):
-            name = f[:-4]
-            if not name.startswith("model.language_model.layers."):
+            tap = f[:-4]
+            if not tap.startswith("model.language_model.layers."):
                 continue
-            ours = name.replace("model.language_model.", "model.").replace("rmsnorm_eda", "norm")
-            path = os.path.join(dump, ours + ".npy")
+            path = os.path.join(dump, dump_name(tap) + ".npy")
             if not os.path.exists(path):
                 continue     # a module zaya.c has no tap for (LoRA halves, act_fn, the whole self_attn / mlp)
-            got, want = np.load(path), np.load(os.path.join(d, "taps", f))
+            got, want = np.load(path), taps(tap)
             if got.size != want.size:
-                check(False, f"{case}: {ours} has the official shape", f"{got.shape} vs {want.shape}")
+                check(False, f"{name}: {dump_name(tap)} has the official shape", f"{got.shape} vs {want.shape}")
                 continue
             r, n = rel(got, want), n + 1
-            layer_out = name.endswith("post_mlp_residual_scale")
-            limit = LAYER_LIMIT if layer_out else 1e-5
-            if r > limit:
-                check(False, f"{case}: {ours}", f"rel L2 {r:.3g} > {limit:g}")
-            if layer_out:
-                worst_layer = max(worst_layer, (r, ours))
-            else:
-                worst_other = max(worst_other, (r, ours))
-        check(n >= 90, f"{case}: {n} decoder taps compared", "too few taps matched by name")
-        check(worst_layer[0] <= LAYER_LIMIT, f"{case}: every decoder layer's output within rel L2 {LAYER_LIMIT:g} "
-              f"(worst {worst_layer[0]:.2g})",
-              worst_layer[1])
-        check(worst_other[0] <= 1e-5, f"{case}: every other decoder tap within 1e-5 (worst {worst_other[0]:.2g}, "
-              f"{worst_other[1]})", worst_other[1])
+            layers.add(tap.split(".")[3])
+            if tap.endswith("post_mlp_residual_scale"):
+                continue     # a layer's output: exactness() below
+            if r > limit(tap.split(".")[3]):
+                over += 1
+                check(False, f"{name}: {dump_name(tap)}", f"rel L2 {r:.3g} > {limit(tap.split('.')[3]):.3g}")
+            worst = max(worst, (r, dump_name(tap)))
+        check(n >= 5 * len(layers) and len(layers) >= 2, f"{name}: {n} decoder taps of {len(layers)} layers compared",
+              "too few taps matched by name")
+        check(not over, f"{name}: every decoder tap inside a layer within 1e-5 (or 10x the official float32 run's own "
+              f"distance from float64 at that layer; worst {worst[0]:.2g}, {worst[1]})", worst[1])
         logits = np.load(os.path.join(dump, "logits.npy"))
         top_ids, top_vals = (np.load(os.path.join(d, f"logits_top16_{k}.npy")) for k in ("ids", "values"))
-        check(bool((logits.argmax(-1) == top_ids[:, 0]).all()), f"{case}: the same argmax at all {len(top_ids)} positions",
-              f"differs at positions {np.nonzero(logits.argmax(-1) != top_ids[:, 0])[0].tolist()}")
-        r = rel(np.take_along_axis(logits, top_ids.astype(np.int64), -1), top_vals)
-        check(r <= 1e-6, f"{case}: top-16 logits within rel L2 1e-6 ({r:.2g})", f"{r:.3g}")
-        vdir = os.path.join(tmp, "vision_" + case)   # the tower through the blob, by HF module path
-        os.makedirs(vdir)
+        # the same argmax, or one the official logits tie with theirs (a random embedding can repeat rows)
+        ours = logits.argmax(-1)
+        same = [bool(a == ids[0] or (a in ids and vals[list(ids).index(a)] == vals[0]))
+                for a, ids, vals in zip(ours, top_ids, top_vals)]
+        check(all(same), f"{name}: the same argmax at all {len(top_ids)} positions",
+              f"differs at positions {[p for p, ok in enumerate(same) if not ok]}")
+        vdir = tempfile.mkdtemp(prefix="vision_", dir=tmp)   # the tower through the blob, by HF module path
         rc, out, err = run(["./zaya", blob, "--image", os.path.join(d, "image.ppm"), "--ids", ids, "-n", "8", "-t", "0",
                             "--print-ids", "--dump-vision", vdir])
         worst, nv = (0.0, ""), 0
@@ -124,11 +195,13 @@ def decoder(tmp, blob):
             want = os.path.join(d, "taps", f)
             if os.path.exists(want):
                 worst, nv = max(worst, (rel(np.load(os.path.join(vdir, f)), np.load(want)), f[:-4])), nv + 1
-        check(nv >= 20 and worst[0] <= 1e-6, f"{case}: --dump-vision, {nv} vision tower taps within rel L2 1e-6 of the "
-              f"official run (worst {worst[0]:.2g})", f"{nv} taps, worst {worst[0]:.3g} at {worst[1]}")
+        check(nv >= 10 and worst[0] <= limit("visual"), f"{name}: --dump-vision, {nv} vision tower taps within rel L2 "
+              f"{limit('visual'):.2g} of the official float32 run (worst {worst[0]:.2g})",
+              f"{nv} taps, worst {worst[0]:.3g} at {worst[1]}")
+        exactness(name, d, dump, vdir, logits, top_ids, taps)
         want = np.load(os.path.join(d, "greedy_tokens.npy")).tolist()
         got = [int(x) for x in out.strip().split(",")] if rc == 0 and out.strip() else []
-        check(got == want, f"{case}: 8 greedy tokens identical", f"got {got}, official {want}; {err.strip()[-300:]}")
+        check(got == want, f"{name}: 8 greedy tokens identical", f"got {got}, official {want}; {err.strip()[-300:]}")
 
 
 def misuse(tmp, blob, text_blob):
@@ -155,23 +228,39 @@ def misuse(tmp, blob, text_blob):
 
 
 def main():
+    """test_vl.py [--text CKPT] [VLDIR ...]: other golden_vl.py outputs (held-out shapes) instead of vl and vl2;
+    --text: their language model's native checkpoint folder when it is not checkpoint_native."""
+    global VLS
+    args, text = sys.argv[1:], None
+    if args[:1] == ["--text"]:
+        text, args = args[1], args[2:]
     with tempfile.TemporaryDirectory() as tmp:
-        images(tmp)
-        ckpt = vl_checkpoint.compose(FX, os.path.join(tmp, "ckpt"))
-        blob = os.path.join(tmp, "vl.bin")
-        rc, _, err = run([sys.executable, "export_weights.py", ckpt, blob])
-        if not check(rc == 0, "export the ZAYA1-VL fixture checkpoint", err.strip()[-600:]):
-            finish()
-        with open(blob, "rb") as f:
-            head = f.read(1024)
-        check(struct.unpack_from("<I", head, 8)[0] == 3, "the VL blob is format version 3",
-              f"version {struct.unpack_from('<I', head, 8)[0]}")
+        fixtures = FX
+        if text:   # vl_checkpoint.compose reads FIXTURES/checkpoint_native
+            fixtures = os.path.join(tmp, "fixtures")
+            os.makedirs(fixtures)
+            os.symlink(os.path.abspath(text), os.path.join(fixtures, "checkpoint_native"))
+            os.symlink(os.path.join(FX, "tokenizer"), os.path.join(fixtures, "tokenizer"))
+        VLS = tuple(os.path.abspath(a) for a in args) or VLS
         text_blob = os.path.join(tmp, "text.bin")
         rc, _, err = run([sys.executable, "export_weights.py", os.path.join(FX, "checkpoint_native"), text_blob])
         check(rc == 0 and struct.unpack_from("<I", open(text_blob, "rb").read(12), 8)[0] == 1,
               "a text checkpoint still exports as format version 1", err.strip()[-300:])
-        decoder(tmp, blob)
-        misuse(tmp, blob, text_blob)
+        blobs = {}
+        for i, vl in enumerate(VLS):
+            images(tmp, vl)
+            ckpt = vl_checkpoint.compose(fixtures, os.path.join(tmp, f"ckpt{i}"), vl)
+            blob = blobs[vl] = os.path.join(tmp, f"vl{i}.bin")
+            rc, _, err = run([sys.executable, "export_weights.py", ckpt, blob])
+            if not check(rc == 0, f"export the {os.path.basename(vl)} checkpoint", err.strip()[-600:]):
+                continue
+            with open(blob, "rb") as f:
+                head = f.read(1024)
+            check(struct.unpack_from("<I", head, 8)[0] == 3, f"the {os.path.basename(vl)} blob is format version 3",
+                  f"version {struct.unpack_from('<I', head, 8)[0]}")
+            decoder(tmp, vl, blob)
+        if os.path.exists(blobs.get(VL, "")):
+            misuse(tmp, blobs[VL], text_blob)
     finish()
 
 
