@@ -3,15 +3,27 @@
  *   zaya-dequantize MODEL.gguf      then, on standard input, one request per line:
  *       TYPE OFFSET NBYTES          a ggml type name (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
  *                                   Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), a byte offset in the file, whole blocks
- * and answers each on standard output with the float32 values (little-endian) that ggml's
- * dequantize_row_* (ggml/src/ggml-quants.c, block layouts of ggml-common.h) gives for those bytes, bit for
- * bit: each value is the same float32 expression in the same order (compiled with -ffp-contract=off; the
+ *   and answers each on standard output with the float32 values (little-endian).
+ *
+ *   zaya-dequantize MODEL.gguf --into BLOB      the exporter's path to the disk: for each blob tensor a line
+ *       DTYPE BLOB_OFFSET NPIECES BLOB_NAME     DTYPE f32 or bf16 (bf16 refused unless every value is exact)
+ *   then NPIECES lines
+ *       TYPE OFFSET NBYTES GGUF_NAME            pieces of the GGUF whose values, in order, are the tensor's
+ *   writes the values straight into the existing file BLOB from byte BLOB_OFFSET (pwrite, 64-bit offsets) and
+ *   answers "CRC NBYTES": the CRC-32 (zlib's) of the bytes written and their count. Python writes only the
+ *   header, the directory, the padding and the tokenizer. Memory: 17 MB of buffers, whatever the model size.
+ *
+ * The values are those of ggml's dequantize_row_* (ggml/src/ggml-quants.c, block layouts of ggml-common.h),
+ * bit for bit: each value is the same float32 expression in the same order (compiled with -ffp-contract=off; the
  * products are exact in float32 anyway, so a fused multiply-add would not change a value). gguf.py's
- * Python dequantizer is the plain twin and the fallback; test/test_gguf.py compares the two, byte for byte,
- * on every type, and both against ggml's own recorded output (test/fixtures/gguf).
- * Errors (a bad request, a read past the end of the file) go to standard error; the exit status is 1.
+ * Python dequantizer is the plain twin and the fallback (ZAYA_GGUF_PYTHON=1); test/test_gguf.py compares the two,
+ * byte for byte, on every type, and both against ggml's own recorded output (test/fixtures/gguf), and the blobs
+ * the two paths write.
+ * Errors (a bad request, a GGUF cut short since it was parsed, a failed write) go to standard error in the
+ * project's form (what, where, expected vs found, hint); the exit status is 1.
  */
 #define _POSIX_C_SOURCE 200809L
+#define _FILE_OFFSET_BITS 64
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -195,48 +207,239 @@ static const struct { const char *name; int qk, bytes; void (*fn)(const uint8_t 
     {"Q6_K", 256, 210, dq_q6_k}, {"IQ4_NL", 32, 18, dq_iq4_nl}, {"IQ4_XS", 256, 136, dq_iq4_xs},
 };
 
-static int die(const char *what, const char *detail) {
-    fprintf(stderr, "zaya-dequantize: %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
+/* CRC-32 (IEEE, as zlib.crc32 and tensor.h's zaya_crc32, its byte-at-a-time twin), eight bytes a step
+ * ("slicing-by-8": T[k][b] is the CRC of byte b followed by k zero bytes). */
+static uint32_t crc_table[8][256];
+
+static void crc32_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (int k = 1; k < 8; k++)
+        for (int i = 0; i < 256; i++)
+            crc_table[k][i] = crc_table[0][crc_table[k - 1][i] & 0xFF] ^ (crc_table[k - 1][i] >> 8);
+}
+
+static uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t n) {
+    crc = ~crc;
+    for (; n >= 8; n -= 8, p += 8) {
+        const uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        const uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        crc = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^ crc_table[5][(lo >> 16) & 0xFF] ^
+              crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
+              crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+    }
+    for (; n; n--, p++) crc = crc_table[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* The project's error text (gguf.message): what, where, expected vs found, a hint; then exit status 1. */
+static int fail(const char *what, const char *where, const char *expected, const char *found, const char *hint) {
+    fprintf(stderr, "%s\n  where:    %s\n", what, where);
+    if (expected) fprintf(stderr, "  expected: %s\n  found:    %s\n", expected, found);
+    if (hint) fprintf(stderr, "  hint:     %s\n", hint);
     return 1;
 }
 
-int main(int argc, char **argv) {
-    if (argc != 2) return die("usage: zaya-dequantize MODEL.gguf < requests (TYPE OFFSET NBYTES per line)", NULL);
-    const int fd = open(argv[1], O_RDONLY);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) return die(argv[1], strerror(errno));
-    enum { CHUNK = 1 << 20 };   /* input bytes per read; at most 256/84 values per byte (Q2_K) */
-    uint8_t *in = malloc(CHUNK);
-    float *out = malloc(sizeof(float) * 4 * CHUNK);
-    if (!in || !out) return die("out of memory", NULL);
-    char line[256], type[32];
-    long long offset, nbytes;
-    while (fgets(line, sizeof line, stdin)) {
-        if (sscanf(line, "%31s %lld %lld", type, &offset, &nbytes) != 3) return die("bad request", line);
-        size_t t = 0;
-        while (t < sizeof TYPES / sizeof TYPES[0] && strcmp(TYPES[t].name, type)) t++;
-        if (t == sizeof TYPES / sizeof TYPES[0]) return die("unsupported type", type);
-        const long long bs = TYPES[t].bytes;
-        if (offset < 0 || nbytes < 0 || nbytes % bs || offset + nbytes > (long long)st.st_size)
-            return die("request outside the file or not whole blocks", line);
-        const long long per_chunk = CHUNK / bs * bs;
-        for (long long done = 0; done < nbytes;) {
-            const size_t n = (size_t)(nbytes - done < per_chunk ? nbytes - done : per_chunk);
-            for (size_t got = 0; got < n;) {
-                const ssize_t r = pread(fd, in + got, n - got, (off_t)(offset + done + (long long)got));
-                if (r <= 0) return die("cannot read the GGUF", r < 0 ? strerror(errno) : "unexpected end of file");
-                got += (size_t)r;
-            }
-            const size_t blocks = n / (size_t)bs;
-            for (size_t b = 0; b < blocks; b++) TYPES[t].fn(in + b * (size_t)bs, out + b * (size_t)TYPES[t].qk);
-            if (fwrite(out, sizeof(float) * (size_t)TYPES[t].qk, blocks, stdout) != blocks)
-                return die("cannot write the values", strerror(errno));
-            done += (long long)n;
-        }
-        if (fflush(stdout) != 0) return die("cannot write the values", strerror(errno));
+static const char *const HINT_TRUNCATED = "the file is incomplete; download or convert it again";
+
+enum { CHUNK = 1 << 20 };   /* input bytes per read; at most 256/84 values per byte (Q2_K) */
+
+typedef struct {
+    const char *path;         /* the GGUF */
+    int fd;
+    uint8_t *in;              /* CHUNK bytes */
+    float *out;               /* 4 * CHUNK values */
+} Source;
+
+static void place(char *where, size_t n, const Source *s, const char *tensor) {   /* "FILE: tensor 'NAME'" */
+    if (tensor) snprintf(where, n, "%s: tensor '%s'", s->path, tensor);
+    else snprintf(where, n, "%s", s->path);
+}
+
+/* Reads n bytes at offset of the GGUF; a short read (the file cut since it was opened) is refused. */
+static int read_at(Source *s, uint8_t *buf, size_t n, long long offset, const char *tensor) {
+    for (size_t got = 0; got < n;) {
+        const ssize_t r = pread(s->fd, buf + got, n - got, (off_t)(offset + (long long)got));
+        if (r > 0) { got += (size_t)r; continue; }
+        char where[512], want[96], found[96];
+        struct stat st;
+        place(where, sizeof where, s, tensor);
+        snprintf(want, sizeof want, "%zu bytes of data at byte %lld", n, offset);
+        if (r < 0) return fail("cannot read the GGUF", where, want, strerror(errno), NULL);
+        snprintf(found, sizeof found, "a file of %lld bytes", fstat(s->fd, &st) == 0 ? (long long)st.st_size : -1LL);
+        return fail("GGUF file is truncated", where, want, found, HINT_TRUNCATED);
     }
-    free(in);
-    free(out);
-    close(fd);
     return 0;
+}
+
+/* Checks a piece request: a known type, whole blocks, inside the file. t is set to the type's index. */
+static int check_piece(Source *s, const char *type, long long offset, long long nbytes, const char *tensor, size_t *t) {
+    char where[512], want[160], found[96];
+    place(where, sizeof where, s, tensor);
+    for (*t = 0; *t < sizeof TYPES / sizeof TYPES[0] && strcmp(TYPES[*t].name, type); (*t)++) {}
+    if (*t == sizeof TYPES / sizeof TYPES[0])
+        return fail("unsupported type", where, "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, "
+                    "Q6_K, IQ4_NL or IQ4_XS", type, "export_weights.py asks only for these (gguf.py's SUPPORTED)");
+    if (offset < 0 || nbytes < 0 || nbytes % TYPES[*t].bytes) {
+        snprintf(want, sizeof want, "a non-negative offset and whole %d-byte blocks of %s", TYPES[*t].bytes, type);
+        snprintf(found, sizeof found, "%lld bytes at byte %lld", nbytes, offset);
+        return fail("bad request", where, want, found, "a request is TYPE OFFSET NBYTES (dequantize.c's header)");
+    }
+    struct stat st;
+    if (fstat(s->fd, &st) != 0) return fail("cannot read the GGUF", where, NULL, NULL, strerror(errno));
+    if (offset > (long long)st.st_size || nbytes > (long long)st.st_size - offset) {
+        snprintf(want, sizeof want, "%lld bytes of data at byte %lld", nbytes, offset);
+        snprintf(found, sizeof found, "a file of %lld bytes", (long long)st.st_size);
+        return fail("GGUF file is truncated", where, want, found, HINT_TRUNCATED);
+    }
+    return 0;
+}
+
+/* Dequantizes nbytes at offset, CHUNK bytes at a time, handing each run of values to emit(ctx, values, n). */
+static int dequantize_piece(Source *s, size_t t, long long offset, long long nbytes, const char *tensor,
+                            int (*emit)(void *, const float *, size_t), void *ctx) {
+    const long long bs = TYPES[t].bytes, per_chunk = CHUNK / bs * bs;
+    for (long long done = 0; done < nbytes;) {
+        const size_t n = (size_t)(nbytes - done < per_chunk ? nbytes - done : per_chunk);
+        if (read_at(s, s->in, n, offset + done, tensor)) return 1;
+        const size_t blocks = n / (size_t)bs;
+        for (size_t b = 0; b < blocks; b++) TYPES[t].fn(s->in + b * (size_t)bs, s->out + b * (size_t)TYPES[t].qk);
+        if (emit(ctx, s->out, blocks * (size_t)TYPES[t].qk)) return 1;
+        done += (long long)n;
+    }
+    return 0;
+}
+
+static int emit_stdout(void *ctx, const float *v, size_t n) {
+    (void)ctx;
+    if (fwrite(v, sizeof(float), n, stdout) == n) return 0;
+    return fail("cannot write the values", "standard output", NULL, NULL, strerror(errno));
+}
+
+/* --into: one blob tensor's values written at its offset in the blob, in its dtype, with their CRC-32. */
+typedef struct {
+    int fd;
+    const char *blob, *name;
+    int bf16;                 /* 0: float32 values; 1: bf16 (the top halves; refused unless exact) */
+    long long pos;            /* where the next byte goes */
+    long long written;
+    uint32_t crc;
+} Sink;
+
+static int emit_blob(void *ctx, const float *v, size_t n) {
+    Sink *k = ctx;
+    const uint8_t *bytes = (const uint8_t *)v;
+    size_t nb = 4 * n;
+    if (k->bf16) {   /* in place: value i's top 16 bits (little-endian bytes 2, 3) to bytes 2i, 2i + 1 */
+        uint8_t *b = (uint8_t *)v;
+        for (size_t i = 0; i < n; i++) {
+            if (b[4 * i] | b[4 * i + 1]) {
+                char where[320];
+                snprintf(where, sizeof where, "%s (value %lld)", k->name, k->written / 2 + (long long)i);
+                return fail("tensor has float32 values that bf16 cannot hold exactly", where, NULL, NULL,
+                            "export with --dtype fp32 (or int8)");
+            }
+            b[2 * i] = b[4 * i + 2];
+            b[2 * i + 1] = b[4 * i + 3];
+        }
+        nb = 2 * n;
+    }
+    k->crc = crc32_update(k->crc, bytes, nb);
+    for (size_t put = 0; put < nb;) {
+        const ssize_t r = pwrite(k->fd, bytes + put, nb - put, (off_t)(k->pos + (long long)put));
+        if (r <= 0) {
+            char where[640];
+            snprintf(where, sizeof where, "%s: tensor %s at byte %lld", k->blob, k->name, k->pos + (long long)put);
+            return fail("cannot write the blob", where, NULL, NULL, r < 0 ? strerror(errno) : "no bytes written");
+        }
+        put += (size_t)r;
+    }
+    k->pos += (long long)nb;
+    k->written += (long long)nb;
+    return 0;
+}
+
+/* Strips the line's newline; returns 0 at end of input. */
+static int next_line(char **line, size_t *cap) {
+    const ssize_t n = getline(line, cap, stdin);
+    if (n < 0) return 0;
+    if (n > 0 && (*line)[n - 1] == '\n') (*line)[n - 1] = '\0';
+    return 1;
+}
+
+static int serve_values(Source *s) {   /* TYPE OFFSET NBYTES -> the values on standard output */
+    char *line = NULL, type[32];
+    size_t cap = 0, t;
+    long long offset, nbytes;
+    int rc = 0;
+    while (!rc && next_line(&line, &cap)) {
+        if (sscanf(line, "%31s %lld %lld", type, &offset, &nbytes) != 3) {
+            rc = fail("bad request", "standard input", "TYPE OFFSET NBYTES", line, NULL);
+            break;
+        }
+        rc = check_piece(s, type, offset, nbytes, NULL, &t) ||
+             dequantize_piece(s, t, offset, nbytes, NULL, emit_stdout, NULL);
+        if (!rc && fflush(stdout) != 0)
+            rc = fail("cannot write the values", "standard output", NULL, NULL, strerror(errno));
+    }
+    free(line);
+    return rc;
+}
+
+static int serve_blob(Source *s, const char *blob) {   /* requests of --into (the header) -> "CRC NBYTES" lines */
+    Sink k = {.blob = blob};
+    k.fd = open(blob, O_WRONLY);
+    if (k.fd < 0) return fail("cannot open the blob for writing", blob, NULL, NULL, strerror(errno));
+    char *line = NULL, dtype[8], type[32];
+    size_t cap = 0, t;
+    long long offset, nbytes;
+    int npieces, name_at, rc = 0;
+    while (!rc && next_line(&line, &cap)) {
+        if (sscanf(line, "%7s %lld %d %n", dtype, &k.pos, &npieces, &name_at) != 3 || k.pos < 0 || npieces < 1 ||
+            (strcmp(dtype, "f32") && strcmp(dtype, "bf16"))) {
+            rc = fail("bad request", "standard input", "f32|bf16 BLOB_OFFSET NPIECES BLOB_NAME", line, NULL);
+            break;
+        }
+        char name[256];
+        snprintf(name, sizeof name, "%s", line + name_at);
+        k.name = name;
+        k.bf16 = !strcmp(dtype, "bf16");
+        k.written = 0;
+        k.crc = 0;
+        for (int p = 0; p < npieces && !rc; p++) {
+            if (!next_line(&line, &cap) || sscanf(line, "%31s %lld %lld %n", type, &offset, &nbytes, &name_at) != 3) {
+                rc = fail("bad request", "standard input", "TYPE OFFSET NBYTES GGUF_NAME", line ? line : "", NULL);
+                break;
+            }
+            const char *tensor = line + name_at;
+            rc = check_piece(s, type, offset, nbytes, tensor, &t) ||
+                 dequantize_piece(s, t, offset, nbytes, tensor, emit_blob, &k);
+        }
+        if (!rc && (printf("%u %lld\n", k.crc, k.written) < 0 || fflush(stdout) != 0))
+            rc = fail("cannot answer", "standard output", NULL, NULL, strerror(errno));
+    }
+    free(line);
+    if (close(k.fd) != 0 && !rc) rc = fail("cannot write the blob", blob, NULL, NULL, strerror(errno));
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 && !(argc == 4 && !strcmp(argv[2], "--into")))
+        return fail("usage: zaya-dequantize MODEL.gguf [--into BLOB] < requests", "the command line", NULL, NULL,
+                    "dequantize.c's header describes the requests; export_weights.py sends them");
+    Source s = {.path = argv[1]};
+    s.fd = open(argv[1], O_RDONLY);
+    if (s.fd < 0) return fail("cannot open the GGUF", argv[1], NULL, NULL, strerror(errno));
+    s.in = malloc(CHUNK);
+    s.out = malloc(sizeof(float) * 4 * CHUNK);
+    if (!s.in || !s.out) return fail("out of memory", "dequantize.c's buffers", NULL, NULL, NULL);
+    crc32_init();
+    const int rc = argc == 4 ? serve_blob(&s, argv[3]) : serve_values(&s);
+    free(s.in);
+    free(s.out);
+    close(s.fd);
+    return rc;
 }

@@ -1102,6 +1102,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
 
     w = BlobWriter(out)
     w.write(bytes(data_off))                         # header and directory are written last
+    filler = gguf_filler(where, w)
+    t_data = time.time()
     done, total = 0, sum(e[4] for e in entries)
     last = time.time()
     for entry, (name, shape, kind, srcs) in zip(entries, plan):
@@ -1115,6 +1117,18 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             assert w.pos == entry[3] + entry[4]
         elif entry[1] == "int8":
             entry[5] = quantize_tensor(quantizer, w, entry, srcs, where, log)
+        elif filler and all(isinstance(where[s], GGUFPortTensors) for s in srcs):
+            w.f.flush()         # a GGUF: dequantize.c writes the values into the file and computes their CRC-32
+            try:
+                entry[5], n = filler.fill(name, "bf16" if entry[1] == "bf16" else "f32", entry[3],
+                                          [p for s in srcs for p in where[s].pieces(s)])
+            except gguf.GGUFError as e:
+                raise ExportError(str(e))
+            if n != entry[4]:
+                fail("the compiled GGUF dequantizer wrote a wrong number of bytes", f"{w.path}.tmp: {name}",
+                     entry[4], n, "set ZAYA_GGUF_PYTHON=1 to dequantize in Python instead")
+            w.f.seek(entry[3] + n)
+            w.pos = entry[3] + n
         else:
             w.crc = 0
             want = "bf16" if entry[1] == "bf16" else "f32"
@@ -1127,6 +1141,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             log(f"  {100 * done / total:5.1f}%  {done / 1e9:7.2f} / {total / 1e9:.2f} GB  {name}")
     w.pad_to(ALIGN)
     assert w.pos == tok_off
+    t_data = time.time() - t_data
     w.write(tok)
     provenance = {"exporter": EXPORTER_VERSION, "source": os.path.basename(os.path.abspath(ckpt)),
                   "layout": layout, "dtype": wformat}
@@ -1156,6 +1171,11 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
                 struct.pack_into("<I", directory, DIR_ENTRY_SIZE * i + GGML_TYPE_AT, 1 + types.pop())
         directory = bytes(directory)
     struct.pack_into("<I", header, 12, zlib.crc32(directory, zlib.crc32(bytes(header))))
+    if filler:
+        try:
+            filler.close()
+        except gguf.GGUFError as e:
+            raise ExportError(str(e))
     w.f.seek(0)
     w.f.write(header)
     w.f.write(directory)
@@ -1163,7 +1183,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     os.replace(out + ".tmp", out)
     log(f"wrote {out}: {file_size / 1e6:.1f} MB, {len(entries)} tensors ({wformat}"
         + (f", experts {provenance['experts']}, format version 2" if native else "") + "), "
-        f"tokenizer {len(tok) / 1e6:.1f} MB, in {time.time() - t0:.1f} s")
+        f"tokenizer {len(tok) / 1e6:.1f} MB, in {time.time() - t0:.1f} s (tensor data {t_data:.1f} s"
+        + (", dequantize.c into the blob" if filler else "") + ")")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1742,6 +1763,12 @@ class GGUFPortTensors:
         tname = self.g.tensors[self.src[name][0]].type
         return next(i for i, n in gguf.GGML_TYPE_NAMES.items() if n == tname)
 
+    def pieces(self, name):
+        """Where tensor `name`'s values are in the GGUF: [(type, file offset, nbytes, GGUF name)]."""
+        gname, row0 = self.src[name]
+        t = self.g.tensors[gname]
+        return self.g.pieces(gname, row0, self.tensors[name][3] // 4 // t.ne[0])
+
     def read(self, name, begin, end):
         gname, row0 = self.src[name]
         ne0 = self.g.tensors[gname].ne[0]
@@ -1753,6 +1780,16 @@ class GGUFPortTensors:
         except gguf.GGUFError as e:     # the compiled dequantizer failed: one message, no traceback
             raise ExportError(str(e))
         return values.tobytes()[4 * (e0 - r0 * ne0):4 * (e1 - r0 * ne0)]
+
+
+def gguf_filler(where, w):
+    """A GGUF's blob: dequantize.c writing the tensors straight into the blob file (gguf.BlobFiller), or None
+    (not a GGUF, or the Python dequantizer: ZAYA_GGUF_PYTHON=1 or no C compiler)."""
+    src = next((s for s in where.values() if isinstance(s, GGUFPortTensors)), None)
+    if src is None or src.g.helper_exe is None:
+        return None
+    w.f.flush()
+    return gguf.BlobFiller(src.g.helper_exe, src.path, w.path + ".tmp")
 
 
 def gguf_scalar(g, key, kind=int, where=None):
