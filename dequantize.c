@@ -426,9 +426,132 @@ static int serve_blob(Source *s, const char *blob) {   /* requests of --into (th
     return rc;
 }
 
+/* --mlx: MLX's affine dequantization (mx.dequantize on the CPU, mlx_weights.py's dequantize() and its twin):
+ * w = (q * scale) + bias, each operation rounded to the compute dtype CT (the scales' dtype, or F32 for MLX's
+ * quantized matmul on float32 activations), then to the output dtype OD. As mlx_weights.py does it: the
+ * operation exact in a double, rounded to float32, then to CT (BF16 / F16, to nearest even). */
+enum { DT_F32, DT_BF16, DT_F16 };
+
+static int dtype_of(const char *s) {
+    return !strcmp(s, "F32") ? DT_F32 : !strcmp(s, "BF16") ? DT_BF16 : !strcmp(s, "F16") ? DT_F16 : -1;
+}
+
+static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static uint16_t to_bf16(float f) {   /* to nearest even; a NaN stays a NaN (quiet bit set) */
+    const uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static uint16_t to_f16(float f) {    /* to nearest even, overflow to infinity, subnormals; NaN as Python packs it */
+    const uint32_t u = f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);          /* >= 65520: rounds to infinity */
+    if (a < 0x38800000u) {                                             /* below 2^-14: a subnormal half */
+        if (a < 0x33000000u) return (uint16_t)sign;                    /* at most 2^-25: rounds to 0 */
+        const uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126 - (a >> 23);   /* value = m * 2^(e-150) */
+        uint32_t h = m >> shift;
+        const uint32_t rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((a >> 23) - 112) << 10 | (a >> 13 & 0x3ffu);
+    const uint32_t rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static float f16_value(uint16_t h) { uint8_t b[2] = {(uint8_t)h, (uint8_t)(h >> 8)}; return fp16(b); }
+
+static float round_to(double x, int dt) {   /* mlx_weights.rnd: to float32, then to dt */
+    const float f = (float)x;
+    if (dt == DT_BF16) return bits_f32((uint32_t)to_bf16(f) << 16);
+    if (dt == DT_F16) return f16_value(to_f16(f));
+    return f;
+}
+
+static double scale_value(const uint8_t *p, int dt) {
+    if (dt == DT_F32) { uint32_t u; memcpy(&u, p, 4); return bits_f32(u); }
+    if (dt == DT_F16) return fp16(p);
+    return bits_f32(((uint32_t)p[0] | (uint32_t)p[1] << 8) << 16);
+}
+
+static int read_stdin(uint8_t *buf, size_t n) { return fread(buf, 1, n, stdin) == n ? 0 : 1; }
+
+static int serve_mlx(void) {   /* "affine BITS GROUP SDTYPE CT OD ROWS PACKED" + words, scales, biases -> values */
+    char *line = NULL, mode[16], sd_s[8], ct_s[8], od_s[8];
+    size_t cap = 0;
+    int bits, group, rc = 0;
+    long long rows, packed;
+    uint8_t *buf = NULL, *out = NULL;
+    size_t buf_cap = 0, out_cap = 0;
+    while (!rc && next_line(&line, &cap)) {
+        const int n = sscanf(line, "%15s %d %d %7s %7s %7s %lld %lld", mode, &bits, &group, sd_s, ct_s, od_s, &rows,
+                             &packed);
+        const int sd = dtype_of(sd_s), ct = dtype_of(ct_s), od = dtype_of(od_s);
+        if (n != 8 || strcmp(mode, "affine") || bits < 1 || bits > 8 || bits == 7 || group < 1 || sd < 0 || ct < 0 ||
+            od < 0 || rows < 0 || packed < 0 || packed * 32 % bits || packed * 32 / bits % group) {
+            rc = fail("bad request", "standard input", "affine BITS GROUP SDTYPE CT OD ROWS PACKED (bits 1-6 or 8, "
+                      "whole groups per row; dtypes F32, BF16, F16)", line, "mlx_weights.py sends them");
+            break;
+        }
+        const long long cols = packed * 32 / bits, groups = rows * (cols / group);
+        const size_t ssz = sd == DT_F32 ? 4 : 2, osz = od == DT_F32 ? 4 : 2, row_bytes = (size_t)packed * 4;
+        const size_t in_bytes = (size_t)rows * row_bytes + 2 * (size_t)groups * ssz;
+        const size_t out_bytes = (size_t)rows * (size_t)cols * osz;
+        if (in_bytes > buf_cap) { free(buf); buf = malloc(buf_cap = in_bytes); }
+        if (out_bytes > out_cap) { free(out); out = malloc(out_cap = out_bytes); }
+        if ((in_bytes && !buf) || (out_bytes && !out)) { rc = fail("out of memory", line, NULL, NULL, NULL); break; }
+        if (read_stdin(buf, in_bytes)) {
+            rc = fail("the request's data is cut short", "standard input", line, "fewer bytes", NULL);
+            break;
+        }
+        const uint8_t *words = buf, *scales = buf + (size_t)rows * row_bytes, *biases = scales + (size_t)groups * ssz;
+        const unsigned mask = (1u << bits) - 1;
+        uint8_t *o = out;
+        float table[256];
+        for (long long r = 0; r < rows; r++) {
+            const uint8_t *row = words + (size_t)r * row_bytes;
+            for (long long g = 0; g < cols / group; g++) {
+                const size_t i = (size_t)(r * (cols / group) + g);
+                const double s = scale_value(scales + i * ssz, sd), b = scale_value(biases + i * ssz, sd);
+                for (unsigned c = 0; c <= mask; c++) {   /* multiply(q, scales), then add(., biases), each rounded */
+                    float v = round_to(round_to((double)c * s, ct) + b, ct);
+                    if (od != ct) v = round_to(v, od);
+                    table[c] = v;
+                }
+                for (long long k = g * group; k < (g + 1) * group; k++, o += osz) {
+                    const size_t p = (size_t)k * (size_t)bits, at = p >> 3, sh = p & 7;
+                    unsigned q = row[at] >> sh;
+                    if (sh + (size_t)bits > 8) q |= (unsigned)row[at + 1] << (8 - sh);
+                    const float v = table[q & mask];
+                    if (od == DT_F32) {
+                        const uint32_t u = f32_bits(v);
+                        memcpy(o, &u, 4);
+                    } else {
+                        const uint16_t h = od == DT_BF16 ? to_bf16(v) : to_f16(v);
+                        o[0] = (uint8_t)h;
+                        o[1] = (uint8_t)(h >> 8);
+                    }
+                }
+            }
+        }
+        if (fwrite(out, 1, out_bytes, stdout) != out_bytes || fflush(stdout) != 0)
+            rc = fail("cannot write the values", "standard output", NULL, NULL, strerror(errno));
+    }
+    free(line);
+    free(buf);
+    free(out);
+    return rc;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--mlx")) return serve_mlx();
     if (argc != 2 && !(argc == 4 && !strcmp(argv[2], "--into")))
-        return fail("usage: zaya-dequantize MODEL.gguf [--into BLOB] < requests", "the command line", NULL, NULL,
+        return fail("usage: zaya-dequantize MODEL.gguf [--into BLOB] < requests, or zaya-dequantize --mlx < requests",
+                    "the command line", NULL, NULL,
                     "dequantize.c's header describes the requests; export_weights.py sends them");
     Source s = {.path = argv[1]};
     s.fd = open(argv[1], O_RDONLY);

@@ -950,10 +950,12 @@ def build_quantizer():
     return exe
 
 
-def build_dequantizer(log):
-    """The GGUF dequantizer (dequantize.c: ggml's to_float in C, bit for bit gguf.py's); compiled on first use.
-    None (gguf.py's Python twin does the work, slower) when ZAYA_GGUF_PYTHON=1 or it cannot be built."""
-    if os.environ.get("ZAYA_GGUF_PYTHON"):
+def build_dequantizer(log, what="the GGUF", env="ZAYA_GGUF_PYTHON", rate="about 7 million values a second"):
+    """The GGUF / MLX dequantizer (dequantize.c: ggml's to_float in C, bit for bit gguf.py's; MLX's affine
+    dequantization, bit for bit mlx_weights.py's); compiled on first use. None (the Python twin does the work,
+    slower) when the environment variable `env` is set (ZAYA_GGUF_PYTHON=1, ZAYA_MLX_PYTHON=1) or it cannot be
+    built."""
+    if os.environ.get(env):
         return None
     here = os.path.dirname(os.path.abspath(__file__))
     src, exe = os.path.join(here, "dequantize.c"), os.path.join(here, "build", "zaya-dequantize")
@@ -972,8 +974,7 @@ def build_dequantizer(log):
         except OSError as e:
             why = f"cannot run {cc} ({e})"
     if why:
-        log(f"note: the GGUF is dequantized in Python (about 7 million values a second): the C helper could not be "
-            f"built: {why}")
+        log(f"note: {what} is dequantized in Python ({rate}): the C helper could not be built: {why}")
         return None
     return exe
 
@@ -1023,6 +1024,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             fail("config.json is not a JSON object", cfg_path)
         where = open_checkpoint(ckpt)
         if mlx_weights.is_mlx(cfg, where):      # an MLX-saved folder: packed weights read as mx.dequantize gives them
+            mlx_weights.use_helper(build_dequantizer(log, "the MLX folder", "ZAYA_MLX_PYTHON",
+                                                     "about 2 million values a second"))
             try:
                 compute = "F32" if mlx_compute == "float32" else None
                 cfg, where = mlx_weights.open_mlx(cfg, cfg_path, where, log, compute)
