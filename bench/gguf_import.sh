@@ -5,8 +5,9 @@
 #   [ROUNDS=5] bench/gguf_import.sh
 #
 # Each round, in an order that rotates from round to round so host drift falls on every step alike: A's export
-# of GGUF into OUT/a.bin, B's into OUT/b.bin, `dd` of as many zero bytes as B's blob (1 MiB blocks, no fsync:
-# the exporters do not sync either) and `cat GGUF > /dev/null` (the read side). Each output is deleted before
+# of GGUF into OUT/A.bin, B's into OUT/B.bin, `dd` of as many zero bytes as B's blob (1 MiB blocks, no fsync,
+# as the exporters write) and `cat GGUF > /dev/null` (the read side). Each step starts after a `sync` and its time
+# includes `sync` of its output file (fsync): the time to the disk, not to the page cache. Each output is deleted before
 # the next step (one blob on the disk at a time). Prints one line per run (seconds of wall time), then
 # per step the median and range (Bdata: the tensor-data part of B's time, from its last line), and the
 # per-round ratios A/B, B/dd as median (range). The warm-up export's blob
@@ -19,19 +20,21 @@ mkdir -p "$OUT"
 LOG=$(mktemp); trap 'rm -f "$LOG"' EXIT
 now() { date +%s.%N; }
 step() {   # step NAME ROUND
-    local t0 t1; t0=$(now)
+    local t0 t1; sync; t0=$(now)   # no dirty pages of an earlier step (untimed); each step's time includes an
+    local out="$OUT/$1.bin"          # fsync of its own output (`sync FILE`)
     case "$1" in
-    A) "$PY" "$A" "$GGUF" "$OUT/a.bin" --tokenizer "$TOK" > "$OUT/a.log" 2>&1 || { cat "$OUT/a.log" >&2; exit 1; } ;;
-    B) "$PY" "$B" "$GGUF" "$OUT/b.bin" --tokenizer "$TOK" > "$OUT/b.log" 2>&1 || { cat "$OUT/b.log" >&2; exit 1; } ;;
+    A) "$PY" "$A" "$GGUF" "$OUT/A.bin" --tokenizer "$TOK" > "$OUT/a.log" 2>&1 || { cat "$OUT/a.log" >&2; exit 1; } ;;
+    B) "$PY" "$B" "$GGUF" "$OUT/B.bin" --tokenizer "$TOK" > "$OUT/b.log" 2>&1 || { cat "$OUT/b.log" >&2; exit 1; } ;;
     dd) dd if=/dev/zero of="$OUT/dd.bin" bs=1M count=$((BYTES >> 20)) status=none ;;
     cat) cat "$GGUF" > /dev/null ;;
     esac
+    [ ! -f "$out" ] || sync "$out"
     t1=$(now)
     echo "$1 $2 $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')" | tee -a "$LOG"
     if [ "$1" = B ]; then   # B's own account of its tensor data phase (the exporter's last line), as step "Bdata"
         sed -n 's/.*(tensor data \([0-9.]*\) s.*/Bdata '"$2"' \1/p' "$OUT/b.log" | tee -a "$LOG"
     fi
-    rm -f "$OUT/a.bin" "$OUT/b.bin" "$OUT/dd.bin"
+    rm -f "$OUT/A.bin" "$OUT/B.bin" "$OUT/dd.bin"
 }
 "$PY" "$B" "$GGUF" "$OUT/b.bin" --tokenizer "$TOK" > "$OUT/b.log" 2>&1 || { cat "$OUT/b.log" >&2; exit 1; }
 BYTES=$(stat -c %s "$OUT/b.bin")   # a warm-up export (helpers built, GGUF in the page cache)
