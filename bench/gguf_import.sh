@@ -46,10 +46,15 @@ for r in $(seq 1 "$ROUNDS"); do
     for s in ${ORDERS[$(((r - 1) % 4))]}; do step "$s" "$r"; done
 done
 awk '{ t[$1, $2] = $3; v[$1] = v[$1] " " $3; r[$2] = 1 }
-function med(s,   a, n, i, j, x) { n = split(s, a, " "); for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
+function med(s,   a, n, i, j, x) {
+    n = split(s, a, " ")
+    for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
     return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-function lo(s,   a, n, i, m) { n = split(s, a, " "); m = a[1]; for (i = 2; i <= n; i++) if (a[i] < m) m = a[i]; return m }
-function hi(s,   a, n, i, m) { n = split(s, a, " "); m = a[1]; for (i = 2; i <= n; i++) if (a[i] > m) m = a[i]; return m }
+function lo(s,   a, n, i, m) { n = split(s, a, " "); m = a[1]; for (i = 2; i <= n; i++) if (a[i] < m) m = a[i]
+    return m }
+function hi(s,   a, n, i, m) { n = split(s, a, " "); m = a[1]; for (i = 2; i <= n; i++) if (a[i] > m) m = a[i]
+    return m }
 END { for (k in v) printf "%-4s median %7.2f s  range %.2f-%.2f\n", k, med(v[k]), lo(v[k]), hi(v[k])
       for (i in r) { ab = ab " " t["A", i] / t["B", i]; bd = bd " " t["B", i] / t["dd", i] }
-      printf "A/B  %.2f (%.2f-%.2f)\nB/dd %.2f (%.2f-%.2f)\n", med(ab), lo(ab), hi(ab), med(bd), lo(bd), hi(bd) }' "$LOG"
+      printf "A/B  %.2f (%.2f-%.2f)\n", med(ab), lo(ab), hi(ab)
+      printf "B/dd %.2f (%.2f-%.2f)\n", med(bd), lo(bd), hi(bd) }' "$LOG"

@@ -66,6 +66,7 @@ for r in range(a.rounds):
         sys.exit("bench/mlx_dequant_rate.py: the C values differ from Python's")
 ratios = [c / p for c, p in zip(c_rate, py_rate)]
 print(f"{rows * cols / 1e6:.0f} M values ({a.bits}-bit, group {a.group}, {a.scales} scales; output "
-      f"{rows * cols * size / 1e6:.0f} MB): C {statistics.median(c_rate):.1f} M/s ({min(c_rate):.1f}-{max(c_rate):.1f}), "
+      f"{rows * cols * size / 1e6:.0f} MB): C {statistics.median(c_rate):.1f} M/s "
+      f"({min(c_rate):.1f}-{max(c_rate):.1f}), "
       f"Python {statistics.median(py_rate):.2f} M/s ({min(py_rate):.2f}-{max(py_rate):.2f}); C / Python "
       f"{statistics.median(ratios):.0f}x ({min(ratios):.0f}-{max(ratios):.0f}); values equal on the Python rows")

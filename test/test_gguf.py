@@ -93,7 +93,8 @@ for t in TYPES if helper else []:
             got = f.read()
         ok = (rc == 0 and ans.split() == [str(zlib.crc32(vals)), str(len(vals))] and got[AT:AT + len(vals)] == vals
               and got[:AT] == FILL * AT and got[AT + len(vals):] == FILL * 100)
-        check(ok, f"dequantize.c --into {t} as {dtype}: ggml's values at the offset, zlib's CRC-32, nothing else touched",
+        check(ok, f"dequantize.c --into {t} as {dtype}: ggml's values at the offset, zlib's CRC-32, nothing else "
+              "touched",
               f"rc {rc}, answer {ans.strip()!r} (want {zlib.crc32(vals)} {len(vals)}), values equal "
               f"{got[AT:AT + len(vals)] == vals}, around untouched {got[:AT] == FILL * AT}: {err[-300:]}")
 
@@ -113,7 +114,8 @@ if helper:
               f"found:    a file of {off + nb - 1} bytes", "hint:"]),
             ("a piece that is not whole blocks", fixture("Q4_K.gguf"), f"f32 {AT} 1 x\n{typ} {off} {nb - 1} t\n",
              ["bad request", "whole 144-byte blocks of Q4_K"]),
-            ("an unknown type", fixture("Q4_K.gguf"), f"f32 {AT} 1 x\nQ9_K {off} {nb} t\n", ["unsupported type", "Q9_K"]),
+            ("an unknown type", fixture("Q4_K.gguf"), f"f32 {AT} 1 x\nQ9_K {off} {nb} t\n",
+             ["unsupported type", "Q9_K"]),
             ("bf16 values that are not exact", fixture("Q4_K.gguf"), f"bf16 {AT} 1 blob.x\n{typ} {off} {nb} t\n",
              ["bf16 cannot hold exactly", "blob.x (value", "--dtype fp32"]),
             ("a request without its pieces", fixture("Q4_K.gguf"), f"f32 {AT} 2 x\n{typ} {off} {nb} t\n",
