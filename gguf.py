@@ -340,7 +340,10 @@ class BlobFiller:
         except (BrokenPipeError, OSError):
             answer = []
         if len(answer) != 2:
-            self.p.stdin.close()
+            try:
+                self.p.stdin.close()
+            except OSError:                    # the helper is gone: its stderr says why
+                pass
             err = self.p.stderr.read().decode(errors="replace").strip() if self.p.wait() != 0 else ""
             if "\n  where:" in err:           # dequantize.c's own message: what, where, expected vs found, hint
                 raise GGUFError(err)
