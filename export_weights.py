@@ -1039,10 +1039,12 @@ def build_quantizer():
     return exe
 
 
-def build_dequantizer(log):
-    """The GGUF dequantizer (dequantize.c: ggml's to_float in C, bit for bit gguf.py's); compiled on first use.
-    None (gguf.py's Python twin does the work, slower) when ZAYA_GGUF_PYTHON=1 or it cannot be built."""
-    if os.environ.get("ZAYA_GGUF_PYTHON"):
+def build_dequantizer(log, what="the GGUF", env="ZAYA_GGUF_PYTHON", rate="about 7 million values a second"):
+    """The GGUF / MLX dequantizer (dequantize.c: ggml's to_float in C, bit for bit gguf.py's; MLX's affine
+    dequantization, bit for bit mlx_weights.py's); compiled on first use. None (the Python twin does the work,
+    slower) when the environment variable `env` is set (ZAYA_GGUF_PYTHON=1, ZAYA_MLX_PYTHON=1) or it cannot be
+    built."""
+    if os.environ.get(env):
         return None
     here = os.path.dirname(os.path.abspath(__file__))
     src, exe = os.path.join(here, "dequantize.c"), os.path.join(here, "build", "zaya-dequantize")
@@ -1061,8 +1063,7 @@ def build_dequantizer(log):
         except OSError as e:
             why = f"cannot run {cc} ({e})"
     if why:
-        log(f"note: the GGUF is dequantized in Python (about 7 million values a second): the C helper could not be "
-            f"built: {why}")
+        log(f"note: {what} is dequantized in Python ({rate}): the C helper could not be built: {why}")
         return None
     return exe
 
@@ -1112,6 +1113,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             fail("config.json is not a JSON object", cfg_path)
         where = open_checkpoint(ckpt)
         if mlx_weights.is_mlx(cfg, where):      # an MLX-saved folder: packed weights read as mx.dequantize gives them
+            mlx_weights.use_helper(build_dequantizer(log, "the MLX folder", "ZAYA_MLX_PYTHON",
+                                                     "about 2 million values a second"))
             try:
                 compute = "F32" if mlx_compute == "float32" else None
                 cfg, where = mlx_weights.open_mlx(cfg, cfg_path, where, log, compute)
@@ -1191,6 +1194,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
 
     w = BlobWriter(out)
     w.write(bytes(data_off))                         # header and directory are written last
+    filler = gguf_filler(where, w)
+    t_data = time.time()
     done, total = 0, sum(e[4] for e in entries)
     last = time.time()
     for entry, (name, shape, kind, srcs) in zip(entries, plan):
@@ -1204,6 +1209,18 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             assert w.pos == entry[3] + entry[4]
         elif entry[1] == "int8":
             entry[5] = quantize_tensor(quantizer, w, entry, srcs, where, log)
+        elif filler and all(isinstance(where[s], GGUFPortTensors) for s in srcs):
+            w.f.flush()         # a GGUF: dequantize.c writes the values into the file and computes their CRC-32
+            try:
+                entry[5], n = filler.fill(name, "bf16" if entry[1] == "bf16" else "f32", entry[3],
+                                          [p for s in srcs for p in where[s].pieces(s)])
+            except gguf.GGUFError as e:
+                raise ExportError(str(e))
+            if n != entry[4]:
+                fail("the compiled GGUF dequantizer wrote a wrong number of bytes", f"{w.path}.tmp: {name}",
+                     entry[4], n, "set ZAYA_GGUF_PYTHON=1 to dequantize in Python instead")
+            w.f.seek(entry[3] + n)
+            w.pos = entry[3] + n
         else:
             w.crc = 0
             want = "bf16" if entry[1] == "bf16" else "f32"
@@ -1216,6 +1233,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             log(f"  {100 * done / total:5.1f}%  {done / 1e9:7.2f} / {total / 1e9:.2f} GB  {name}")
     w.pad_to(ALIGN)
     assert w.pos == tok_off
+    t_data = time.time() - t_data
     w.write(tok)
     provenance = {"exporter": EXPORTER_VERSION, "source": os.path.basename(os.path.abspath(ckpt)),
                   "layout": layout, "dtype": wformat}
@@ -1245,6 +1263,11 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
                 struct.pack_into("<I", directory, DIR_ENTRY_SIZE * i + GGML_TYPE_AT, 1 + types.pop())
         directory = bytes(directory)
     struct.pack_into("<I", header, 12, zlib.crc32(directory, zlib.crc32(bytes(header))))
+    if filler:
+        try:
+            filler.close()
+        except gguf.GGUFError as e:
+            raise ExportError(str(e))
     w.f.seek(0)
     w.f.write(header)
     w.f.write(directory)
@@ -1252,7 +1275,8 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     os.replace(out + ".tmp", out)
     log(f"wrote {out}: {file_size / 1e6:.1f} MB, {len(entries)} tensors ({wformat}"
         + (f", experts {provenance['experts']}, format version 2" if native else "") + "), "
-        f"tokenizer {len(tok) / 1e6:.1f} MB, in {time.time() - t0:.1f} s")
+        f"tokenizer {len(tok) / 1e6:.1f} MB, in {time.time() - t0:.1f} s (tensor data {t_data:.1f} s"
+        + (", dequantize.c into the blob" if filler else "") + ")")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1831,6 +1855,12 @@ class GGUFPortTensors:
         tname = self.g.tensors[self.src[name][0]].type
         return next(i for i, n in gguf.GGML_TYPE_NAMES.items() if n == tname)
 
+    def pieces(self, name):
+        """Where tensor `name`'s values are in the GGUF: [(type, file offset, nbytes, GGUF name)]."""
+        gname, row0 = self.src[name]
+        t = self.g.tensors[gname]
+        return self.g.pieces(gname, row0, self.tensors[name][3] // 4 // t.ne[0])
+
     def read(self, name, begin, end):
         gname, row0 = self.src[name]
         ne0 = self.g.tensors[gname].ne[0]
@@ -1842,6 +1872,16 @@ class GGUFPortTensors:
         except gguf.GGUFError as e:     # the compiled dequantizer failed: one message, no traceback
             raise ExportError(str(e))
         return values.tobytes()[4 * (e0 - r0 * ne0):4 * (e1 - r0 * ne0)]
+
+
+def gguf_filler(where, w):
+    """A GGUF's blob: dequantize.c writing the tensors straight into the blob file (gguf.BlobFiller), or None
+    (not a GGUF, or the Python dequantizer: ZAYA_GGUF_PYTHON=1 or no C compiler)."""
+    src = next((s for s in where.values() if isinstance(s, GGUFPortTensors)), None)
+    if src is None or src.g.helper_exe is None:
+        return None
+    w.f.flush()
+    return gguf.BlobFiller(src.g.helper_exe, src.path, w.path + ".tmp")
 
 
 def gguf_scalar(g, key, kind=int, where=None):

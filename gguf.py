@@ -115,6 +115,7 @@ class GGUFFile:
     def __init__(self, path):
         self.path = path
         self.helper = None                    # the compiled dequantizer's process (use_helper), or None
+        self.helper_exe = None                # its executable
         self.size, self.f = open_sized(path, "GGUF", 24, "at least 24 bytes (magic, version, counts)",
                                        "the file is incomplete; download or convert it again")
         self.mm = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -274,6 +275,7 @@ class GGUFFile:
         """Dequantize with exe (dequantize.c, built by export_weights.py: ggml's to_float in C, the same bits as
         this module's Python twin), one process for the file that answers one request per tensor piece."""
         import subprocess
+        self.helper_exe = exe
         self.helper = subprocess.Popen([exe, self.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE)
 
@@ -295,6 +297,13 @@ class GGUFFile:
         out.frombytes(data)
         return out
 
+    def pieces(self, name, first_row, n_rows):
+        """[(type, file offset, nbytes, name)] of rows [first_row, first_row + n_rows) of tensor `name`."""
+        t = self.tensors[name]
+        qk, bs = BLOCKS[t.type]
+        row_bytes = t.ne[0] // qk * bs
+        return [(t.type, t.offset + first_row * row_bytes, n_rows * row_bytes, name)]
+
     def close(self):
         if self.helper is not None:
             self.helper.stdin.close()
@@ -302,6 +311,52 @@ class GGUFFile:
             self.helper = None
         self.mm.close()
         self.f.close()
+
+
+class BlobFiller:
+    """The compiled dequantizer writing straight into a blob (dequantize.c --into): each tensor's values go from the
+    GGUF to their offset in the blob file without passing through Python, which gets back their CRC-32."""
+
+    def __init__(self, exe, gguf_path, blob_path):
+        import subprocess
+        self.path, self.blob = gguf_path, blob_path
+        self.p = subprocess.Popen([exe, gguf_path, "--into", blob_path], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def fill(self, name, dtype, offset, pieces):
+        """Writes the values of pieces [(type, file offset, nbytes, GGUF name)], in order, as dtype ('f32' or
+        'bf16') at byte `offset` of the blob; returns (CRC-32, bytes written)."""
+        merged = []                            # consecutive pieces of one GGUF tensor (the experts) as one
+        for p in pieces:
+            if merged and merged[-1][3] == p[3] and merged[-1][1] + merged[-1][2] == p[1]:
+                merged[-1] = (p[0], merged[-1][1], merged[-1][2] + p[2], p[3])
+            else:
+                merged.append(p)
+        req = f"{dtype} {offset} {len(merged)} {name}\n" + "".join(f"{t} {o} {n} {g}\n" for t, o, n, g in merged)
+        try:
+            self.p.stdin.write(req.encode())
+            self.p.stdin.flush()
+            answer = self.p.stdout.readline().split()
+        except (BrokenPipeError, OSError):
+            answer = []
+        if len(answer) != 2:
+            try:
+                self.p.stdin.close()
+            except OSError:                    # the helper is gone: its stderr says why
+                pass
+            err = self.p.stderr.read().decode(errors="replace").strip() if self.p.wait() != 0 else ""
+            if "\n  where:" in err:           # dequantize.c's own message: what, where, expected vs found, hint
+                raise GGUFError(err)
+            fail("the compiled GGUF dequantizer failed", f"{self.path}: tensor '{pieces[0][3]}' for {name}",
+                 "a CRC-32 and a byte count", err or "no answer",
+                 "set ZAYA_GGUF_PYTHON=1 to dequantize in Python instead (slower, the same values)")
+        return int(answer[0]), int(answer[1])
+
+    def close(self):
+        self.p.stdin.close()
+        err = self.p.stderr.read().decode(errors="replace").strip()
+        if self.p.wait() != 0:
+            fail("the compiled GGUF dequantizer failed", self.blob, hint=err)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -218,6 +218,8 @@ def dequantize(words, shape, scales, scale_dtype, biases=None, bias_dtype=None, 
     ct = scale_dtype
     if mode == "affine" and compute:
         ct = od = compute
+    if mode == "affine" and not plain and _HELPER and biases is not None and bias_dtype == scale_dtype:
+        return _helper_affine(words, rows, packed, scales, scale_dtype, biases, group_size, bits, ct, od)
     sv = decode(scales, scale_dtype)
     bv = decode(biases, bias_dtype) if biases is not None else None
     mask = (1 << bits) - 1
@@ -254,6 +256,45 @@ def dequantize(words, shape, scales, scale_dtype, biases=None, bias_dtype=None, 
                     table[c] = rnd(v, od) if v == v else NAN
             out.extend(table[c] for c in q)
     return encode(out, od)
+
+
+_HELPER = []        # [the compiled twin's process] (dequantize.c --mlx) once use_helper() started it; empty: Python
+
+
+def use_helper(exe):
+    """Affine dequantization by exe (dequantize.c --mlx: the same operations and roundings in C, the same bits as
+    the Python below, tested against the same recorded mx.dequantize outputs) from now on; exe None: Python."""
+    import subprocess
+    close_helper()
+    if exe:
+        _HELPER.append(subprocess.Popen([exe, "--mlx"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE))
+
+
+def close_helper():
+    while _HELPER:
+        p = _HELPER.pop()
+        p.stdin.close()
+        p.wait()
+
+
+def _helper_affine(words, rows, packed, scales, sd, biases, group_size, bits, ct, od):
+    p = _HELPER[0]
+    want = rows * (packed * 32 // bits) * SIZE[od]
+    try:
+        p.stdin.write(f"affine {bits} {group_size} {sd} {ct} {od} {rows} {packed}\n".encode())
+        for b in (words, scales, biases):
+            p.stdin.write(b)
+        p.stdin.flush()
+        data = p.stdout.read(want) if want else b""
+    except (BrokenPipeError, OSError):
+        data = b""
+    if len(data) != want:
+        err = p.stderr.read().decode(errors="replace").strip() if p.poll() is not None else ""
+        fail("the compiled MLX dequantizer failed", f"affine {bits}-bit group {group_size}, {rows} rows",
+             f"{want} bytes of values", f"{len(data)} bytes" + (f" ({err})" if err else ""),
+             "set ZAYA_MLX_PYTHON=1 to dequantize in Python instead (slower, the same values)")
+    return data
 
 
 def _round_bits(values, dtype):

@@ -61,6 +61,69 @@ for t in TYPES if helper else []:
           f"{len(diff)} values differ from ggml's" + (f", first at {diff[0] // 4}" if diff else "")
           + f"; equal to Python's: {c_all == py}; rows 2..4: {c_row == want[2048:5120]}")
 
+
+# dequantize.c --into (the exporter's path to the disk): values written into a file at an offset, CRC-32 answered
+def into(gguf_path, blob, request):
+    """Runs the helper's --into mode on one request; (exit status, answer, stderr)."""
+    import subprocess
+    p = subprocess.run([helper, gguf_path, "--into", blob], input=request.encode(), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE)
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+import zlib  # noqa: E402
+
+FILL, AT = b"\xab", 4096 + 64                        # bytes around the tensor must stay as they were
+for t in TYPES if helper else []:
+    g = gguf.GGUFFile(fixture(f"{t}.gguf"))
+    ten = g.tensors["t"]
+    rows = ten.numel // ten.ne[0]
+    pieces = g.pieces("t", 0, 2) + g.pieces("t", 2, rows - 2)            # two pieces: rows 0-1, then the rest
+    g.close()
+    with open(fixture(f"{t}.f32"), "rb") as f:
+        want = f.read()
+    for dtype in ("f32", "bf16") if t == "BF16" else ("f32",):
+        vals = want if dtype == "f32" else ew.f32_to_bf16_exact(want, t)
+        blob = os.path.join(OUT, f"into-{t}-{dtype}.bin")
+        with open(blob, "wb") as f:
+            f.write(FILL * (AT + len(vals) + 100))
+        req = f"{dtype} {AT} 2 x.{t}\n" + "".join(f"{a} {b} {c} {d}\n" for a, b, c, d in pieces)
+        rc, ans, err = into(fixture(f"{t}.gguf"), blob, req)
+        with open(blob, "rb") as f:
+            got = f.read()
+        ok = (rc == 0 and ans.split() == [str(zlib.crc32(vals)), str(len(vals))] and got[AT:AT + len(vals)] == vals
+              and got[:AT] == FILL * AT and got[AT + len(vals):] == FILL * 100)
+        check(ok, f"dequantize.c --into {t} as {dtype}: ggml's values at the offset, zlib's CRC-32, nothing else "
+              "touched",
+              f"rc {rc}, answer {ans.strip()!r} (want {zlib.crc32(vals)} {len(vals)}), values equal "
+              f"{got[AT:AT + len(vals)] == vals}, around untouched {got[:AT] == FILL * AT}: {err[-300:]}")
+
+if helper:
+    g = gguf.GGUFFile(fixture("Q4_K.gguf"))
+    (typ, off, nb, _), = g.pieces("t", 0, 6)
+    g.close()
+    blob = os.path.join(OUT, "into-refused.bin")
+    with open(blob, "wb") as f:
+        f.write(bytes(1 << 16))
+    cut = os.path.join(OUT, "Q4_K-cut.gguf")
+    with open(fixture("Q4_K.gguf"), "rb") as f, open(cut, "wb") as o:
+        o.write(f.read()[:off + nb - 1])                  # the tensor's last byte missing
+    for name, path, req, needles in (
+            ("a GGUF cut short (the last byte of the tensor)", cut, f"f32 {AT} 1 x\n{typ} {off} {nb} t\n",
+             ["GGUF file is truncated", "where:    " + cut + ": tensor 't'", f"expected: {nb} bytes of data at byte",
+              f"found:    a file of {off + nb - 1} bytes", "hint:"]),
+            ("a piece that is not whole blocks", fixture("Q4_K.gguf"), f"f32 {AT} 1 x\n{typ} {off} {nb - 1} t\n",
+             ["bad request", "whole 144-byte blocks of Q4_K"]),
+            ("an unknown type", fixture("Q4_K.gguf"), f"f32 {AT} 1 x\nQ9_K {off} {nb} t\n",
+             ["unsupported type", "Q9_K"]),
+            ("bf16 values that are not exact", fixture("Q4_K.gguf"), f"bf16 {AT} 1 blob.x\n{typ} {off} {nb} t\n",
+             ["bf16 cannot hold exactly", "blob.x (value", "--dtype fp32"]),
+            ("a request without its pieces", fixture("Q4_K.gguf"), f"f32 {AT} 2 x\n{typ} {off} {nb} t\n",
+             ["bad request", "TYPE OFFSET NBYTES GGUF_NAME"])):
+        rc, ans, err = into(path, blob, req)
+        check(rc == 1 and all(n in err for n in needles),
+              f"dequantize.c --into refuses {name}, with what, where, expected vs found", f"rc {rc}: {err[-400:]}")
+
 g = gguf.GGUFFile(fixture("Q4_K.gguf"))
 want_kv = {"general.architecture": "fixture", "fixture.u8": 200, "fixture.i8": -100, "fixture.u16": 60000,
            "fixture.i16": -30000, "fixture.u32": 4000000000, "fixture.i32": -2000000000,
@@ -203,13 +266,14 @@ for kind in ("F32", "Q8_0"):
                   f"compact Q8_0: {native} is {gname} ({g.tensors[gname].type}) as ggml dequantizes it",
                   "bytes differ" if native in bt else "not in the blob")
         g.close()
-        py_blob = os.path.join(OUT, "compact-Q8_0-python.bin")
-        rc, out, err = run([sys.executable, "export_weights.py", path, py_blob, "--tokenizer",
-                            need_fixtures("checkpoint_legacy")], env={**os.environ, "ZAYA_GGUF_PYTHON": "1"})
-        with open(blob, "rb") as f1, open(py_blob, "rb") as f2:
-            same = rc == 0 and f1.read() == f2.read()
-        check(same, "compact Q8_0: the blob of the Python dequantizer (ZAYA_GGUF_PYTHON=1) is the C helper's, "
-              "byte for byte", f"rc {rc}: {err[-300:]}")
+    # the whole blob: the Python twin (gguf.py dequantizing, Python writing) against dequantize.c --into
+    py_blob = os.path.join(OUT, f"compact-{kind}-python.bin")
+    rc, out, err = run([sys.executable, "export_weights.py", path, py_blob, "--tokenizer",
+                        need_fixtures("checkpoint_legacy")], env={**os.environ, "ZAYA_GGUF_PYTHON": "1"})
+    with open(blob, "rb") as f1, open(py_blob, "rb") as f2:
+        same = rc == 0 and f1.read() == f2.read()
+    check(same, f"compact {kind}: the blob of the Python dequantizer (ZAYA_GGUF_PYTHON=1) is dequantize.c's "
+          "(written straight into the blob), byte for byte", f"rc {rc}: {err[-300:]}")
 
 # the GGUF alone (a tokenizer folder without config.json): what the port computes, every layer full attention
 path = os.path.join(OUT, "compact-F32.gguf")

@@ -93,6 +93,66 @@ for key, (good, bad, notes) in sorted(by_mode.items()):
           "; ".join(notes[:3]) + " (hint: the order and dtype of MLX's operations: multiply by the scale, round, "
           "add the bias, round, in the scales' dtype; tools/mlx_fixtures.py recorded these on mlx-cpu)")
 
+# 1b. the compiled twin (dequantize.c --mlx, what export_weights.py uses) on the same recorded cases, and against
+# the Python loop on random scales and biases (every bit pattern class: subnormal, huge, F16 overflow, NaN codes)
+exe = export_weights.build_dequantizer(print, "the MLX test", "ZAYA_MLX_PYTHON_UNSET")
+check(exe is not None, "dequantize.c builds (export_weights.py's compiled MLX dequantizer)", "no helper")
+mlx_weights.use_helper(exe)
+by_bits = {}
+for name, c in sorted(cases.items()) if exe else []:
+    if c["mode"] != "affine":
+        continue
+    _, ws, w = fx[name + ".weight"]
+    sd, _, s = fx[name + ".scales"]
+    b = fx[name + ".biases"]
+    od, _, want = fx[name + ".out"]
+    got = mlx_weights.dequantize(w, tuple(ws), s, sd, b[2], b[0], c["group_size"], c["bits"], "affine")
+    f32 = mlx_weights.dequantize(w, tuple(ws), s, sd, b[2], b[0], c["group_size"], c["bits"], "affine", compute="F32")
+    mlx_weights.close_helper()
+    py32 = mlx_weights.dequantize(w, tuple(ws), s, sd, b[2], b[0], c["group_size"], c["bits"], "affine", compute="F32")
+    mlx_weights.use_helper(exe)
+    ok, i, gv, wv = same_values(got, want, od)
+    r = by_bits.setdefault(c["bits"], [0, []])
+    r[0] += 1
+    if not ok or f32 != py32:
+        r[1].append(f"{name}: element {i}: {gv!r} where mx.dequantize gives {wv!r}; compute F32 equal {f32 == py32}")
+for bits, (n, notes) in sorted(by_bits.items()):
+    check(not notes, f"dequantize.c --mlx affine {bits}-bit: {n} case(s) bit-identical to mx.dequantize (and to "
+          "mlx_weights.py with compute F32)", "; ".join(notes[:3]))
+
+import random  # noqa: E402
+
+rng = random.Random(48)
+bad = []
+for bits in (1, 2, 3, 4, 5, 6, 8) if exe else ():
+    for sd in ("BF16", "F16", "F32"):
+        rows, group = 3, 32
+        packed = group * 4 * bits // 32                     # 4 groups a row
+        words = bytes(rng.getrandbits(8) for _ in range(rows * packed * 4))
+        size = mlx_weights.SIZE[sd]
+
+        def pattern():
+            k = rng.randrange(6)
+            if k == 0:                                      # subnormal
+                v = rng.getrandbits(7 if sd != "F32" else 23)
+            elif k == 1:                                    # large: F16 products and sums overflow
+                v = {"F16": 0x7000, "BF16": 0x4700, "F32": 0x47000000}[sd] | rng.getrandbits(8)
+            else:
+                v = rng.getrandbits(8 * size) & ~(0x7C00 if sd == "F16" else 0x7F80 if sd == "BF16" else 0x7F800000)
+            return v.to_bytes(size, "little")
+        n = rows * 4
+        sc, bi = b"".join(pattern() for _ in range(n)), b"".join(pattern() for _ in range(n))
+        for compute in (None, "F32"):
+            got = mlx_weights.dequantize(words, (rows, packed), sc, sd, bi, sd, group, bits, "affine", compute=compute)
+            want = mlx_weights.dequantize(words, (rows, packed), sc, sd, bi, sd, group, bits, "affine", compute=compute,
+                                          plain=True)
+            ok, i, gv, wv = same_values(got, want, compute or sd)
+            if not ok:
+                bad.append(f"{bits}-bit {sd} compute {compute}: element {i}: C {gv!r}, Python {wv!r}")
+mlx_weights.close_helper()
+check(exe and not bad, "dequantize.c --mlx equals mlx_weights.py's element-by-element loop on random scales and biases "
+      "(bits 1-6, 8; BF16, F16, F32; subnormal, huge, overflowing; compute F32 too)", "; ".join(bad[:3]))
+
 # 2. an MLX port's folder
 folder = os.path.join(TMP, "mlx_port")
 os.makedirs(folder)
