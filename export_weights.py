@@ -62,6 +62,7 @@ MAX_LAYERS = 256            # size of the layer-type table in format version 1
 MAX_EOS = 4
 ALIGN = 64                  # every tensor starts on a 64-byte boundary
 DEFAULT_GROUP = 64          # int8: one fp32 scale per 64 weights = 1.0625 bytes per weight, as Q8_0's
+MIN_AUTO_GROUP = 8          # int8: a matrix whose rows allow no larger group stays bf16 (groups of 4 take as many bytes)
                             # 32 weights + fp16 scale (groups of 32 would read 6% more bytes per token)
 PAGE = 4096                 # the data section starts on a page boundary
 CHUNK = 1 << 24             # stream 16 MB at a time
@@ -1140,6 +1141,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             log("note: --keep-quantized-experts: the checkpoint has no quantized experts; the blob is format version 1")
     quantizer = None
     groups = {}                 # int8: the group size of each matrix (along its rows)
+    kept_bf16 = {}              # int8: matrices whose rows allow no group of MIN_AUTO_GROUP (-> row length), stored bf16
     if wformat == "int8":
         if group is not None and not 1 <= group <= 4096:
             fail("int8 group size is out of range", "--group-size", "1..4096", group)
@@ -1149,6 +1151,9 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             g = group or DEFAULT_GROUP   # or the largest power of two below it that divides the row
             while shape[-1] % g and group is None:
                 g //= 2
+            if group is None and g < MIN_AUTO_GROUP:   # ZAYA1-VL's 3420-wide vision MLP rows: groups of 4
+                kept_bf16[name] = shape[-1]
+                continue
             if shape[-1] % g:
                 fail("int8 group size does not divide a matrix row", f"--group-size {group}",
                      "a divisor of every row length", f"{name} has rows of {shape[-1]}",
@@ -1158,6 +1163,11 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
         if small:
             log(f"int8 group size {group or DEFAULT_GROUP}; smaller where a row length needs it: {small[0][1]} ({small[0][0]})"
                 + (f" and {len(small) - 1} more" if len(small) > 1 else ""))
+        if kept_bf16:
+            first = min(kept_bf16)
+            log(f"int8: {len(kept_bf16)} matrices kept in bf16 (e.g. {first}, rows of {kept_bf16[first]}): no group "
+                f"of {MIN_AUTO_GROUP} or more divides their rows (smaller groups take as many bytes as bf16, off the "
+                "fast int8 kernels)")
         quantizer = build_quantizer()
     try:
         gguf_kv = c.pop("gguf_kv", None)
@@ -1185,7 +1195,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             entries.append([name, dtype, shape, pos, nbytes, 0, field])
             pos = align(pos + nbytes, ALIGN)
             continue
-        dtype = replaced.get(name) or (wformat if kind == "matrix" else "fp32")
+        dtype = replaced.get(name) or ("bf16" if name in kept_bf16 else wformat if kind == "matrix" else "fp32")
         nbytes = tensor_nbytes(shape, dtype, groups.get(name, 0))
         entries.append([name, dtype, shape, pos, nbytes, 0, groups.get(name, 0)])
         pos = align(pos + nbytes, ALIGN)

@@ -16,7 +16,7 @@ import math
 import os
 import shutil
 
-from harness import BUILD, check, finish, need_fixtures, tokenizer_dir, prompt_ids, read_npy, run
+from harness import BUILD, ROOT, check, finish, need_fixtures, tokenizer_dir, prompt_ids, read_npy, run
 from test_dims import small_tokenizer
 
 FX = need_fixtures()
@@ -132,6 +132,33 @@ def interleaved_rows_case():
 interleaved_rows_case()
 
 
+# Rows that no group of 8 or more divides (ZAYA1-VL's 3420-wide vision MLP: groups of 4 would take as many
+# bytes as bf16, off the fast int8 kernels) stay bf16 in an int8 blob; the others are int8 as usual.
+def odd_rows_case():
+    import sys
+    sys.path.insert(0, ROOT)
+    from zaya_compare.legit import Blob
+    tok = small_tokenizer(tokenizer_dir(), os.path.join(BUILD, "odd_rows_tokenizer_1000"))
+    ckpt, blob = os.path.join(BUILD, "odd_rows_ckpt"), os.path.join(BUILD, "odd_rows_int8.bin")
+    rc, _, err = run(["python3", "tools/make_checkpoint.py", ckpt, "--hidden", "64", "--layers", "1", "--heads", "2",
+                      "--kv-heads", "1", "--head-dim", "32", "--experts", "2", "--moe-intermediate", "36",
+                      "--router-hidden", "16", "--vocab", "1000", "--tokenizer-dir", tok, "--force", "--quiet"])
+    if not check(rc == 0, "make_checkpoint: experts 36 wide (down_proj rows: groups of 4 at most)", err[-400:]):
+        return
+    rc, out, err = run(["python3", "export_weights.py", ckpt, blob, "--dtype", "int8", "--chat-format", "none"])
+    if not check(rc == 0, "export it (int8)", err[-400:]):
+        return
+    dtypes = {n: (e[0], e[1][-1]) for n, e in Blob(blob).dir.items() if len(e[1]) >= 2 and ".conv_qk" not in n}
+    odd = sorted(n for n, (_, w) in dtypes.items() if w % 8)
+    check(odd and all(dtypes[n][0] == 1 for n in odd) and "kept in bf16" in out,
+          f"int8 export: the {len(odd)} matrix with rows of 36 is bf16, and the log says so",
+          f"{[(n, dtypes[n]) for n in odd]}")
+    check(all(d == 2 for n, (d, w) in dtypes.items() if w % 8 == 0 and ".experts." in n),
+          "int8 export: the experts' gate_up_proj (rows of 64) stays int8", str(dtypes))
+    rc, _, err = run(["./zaya", blob, "--ids", "2,17,300,45", "-n", "2", "-t", "0"])
+    check(rc == 0, "./zaya runs the blob with bf16 and int8 matrices", err[-300:])
+
+
 def weight_bytes(blob):     # the file without its tokenizer section (header offset 64: its size)
     import struct
     with open(blob, "rb") as f:
@@ -143,4 +170,5 @@ ratio = os.path.getsize(q8_blob) / os.path.getsize(fp32_blob)
 wratio = weight_bytes(q8_blob) / weight_bytes(fp32_blob)
 print(f"   int8 / fp32 blob size: {ratio:.3f} whole files, {wratio:.3f} without the 29 MB tokenizer section "
       "(the fixture's float32 conv weights are a large share of so small a model; ZAYA1-8B, both with the tokenizer, group size 64: 9.54 / 35.39 GB = 0.270, measured with tools/make_checkpoint.py)")
+odd_rows_case()
 finish()
