@@ -6,8 +6,9 @@
  * for Q4_1 / Q5_1, F16 for F16 weights, BF16 for BF16 weights, nothing for F32. ggml_round_row() gives
  * the values those quantized activations stand for (the quantized value times its scale, exact in
  * float32); the product of them with the dequantized weights is then ggml's up to the order of the float32
- * sums. Q8_1's second scale s = fp16(d * sum q) (the Q4_1 / Q5_1 minimum term) is not modelled: those two
- * types keep a difference of the order of fp16's rounding of s times the minimum.
+ * sums. Q4_1 / Q5_1 weights (w = d q + m per block of 32) meet Q8_1's second scale: ggml's dot product is
+ * d d_x sum(q q_x) + m s with s = fp16(d_x * sum q_x), not m times the sum of the values the block stands
+ * for; ggml_round_row_s() gives s minus that sum per block, and the product adds m times it.
  */
 #ifndef ZAYA_GGML_ROUND_H
 #define ZAYA_GGML_ROUND_H
@@ -50,6 +51,13 @@ void ggml_q8_k(const float *x, float *y);
  * products with a weight of ggml type `weight_type`: y = x rounded per its vec_dot_type (y may be x). x86
  * = 1: the AVX/AVX2 builds' Q8_0 / Q8_1 (what the port runs on this machine), 0: the reference one. */
 void ggml_round_row(float *y, const float *x, int n, int weight_type, int x86);
+/* The same, and for a weight type whose vec_dot_type is Q8_1 (Q4_1, Q5_1) with s_excess given: s_excess[b] =
+ * s - sum(y[32 b .. 32 b + 31]) for each block b (n / 32 values; s the block's second scale, below). */
+void ggml_round_row_s(float *y, float *s_excess, const float *x, int n, int weight_type, int x86);
+/* Q8_1's second scale of a block of 32, s = fp16(d * sum q) widened, d = amax / 127 in float32 (not the stored
+ * half): x86's quantize_row_q8_1 (the int32 q before the packs saturate, summed with int32 wraparound) or
+ * quantize_row_q8_1_ref (x86 = 0: the sum of the stored int8 q). */
+float ggml_q8_1_s(const float *x, int x86);
 
 /* ggml_gelu's CPU value (ggml-cpu/vec.h ggml_vec_gelu_f32, GGML_GELU_FP16): 0 at x <= -10, x at x >= 10, else
  * its table of the tanh-approximated GELU, in F16, at x rounded to F16. ggml_gelu_init() fills the table

@@ -974,6 +974,7 @@ struct Kernels {
     float *xq_scales;  /* their scales, one per group */
     int ggml;          /* the ggml placement: KERNELS_GGML_* flags (kernels_set_ggml), 0 off */
     float *ggml_x;     /* the activations as ggml's vec_dot_type holds them [max_tokens, max_cols] */
+    float *ggml_s;     /* Q8_1: each block's second scale minus the sum of its values [max_tokens, max_cols / 32] */
 };
 
 Kernels *kernels_new(int threads, int max_cols, int max_tokens) {
@@ -994,13 +995,15 @@ Kernels *kernels_new(int threads, int max_cols, int max_tokens) {
 
 void kernels_set_ggml(Kernels *k, int mode) {
     if (mode && !k->ggml_x) k->ggml_x = calloc_lines((size_t)k->max_cols * k->max_tokens, sizeof(float));
-    k->ggml = k->ggml_x ? mode : 0;
+    if (mode && !k->ggml_s) k->ggml_s = calloc_lines((size_t)(k->max_cols / 32 + 1) * k->max_tokens, sizeof(float));
+    k->ggml = k->ggml_x && k->ggml_s ? mode : 0;
 }
 
 void kernels_free(Kernels *k) {
     if (!k) return;
     pool_stop(&k->pool);
     free(k->ggml_x);
+    free(k->ggml_s);
     free(k->xq);
     free(k->xq_scales);
     free(k);
@@ -1083,6 +1086,28 @@ static void conv_f16_product(float *y, int ys, const ZayaMatrix *w, int groups, 
         }
 }
 
+/* ggml's Q4_1 / Q5_1 dot product with Q8_1 activations: d d_x sum(q q_x) + m s, where the product of the
+ * dequantized weights (d q + m) with the values the activations stand for gives m d_x sum(q_x) for the second
+ * term. Adds m (s - d_x sum q_x) per block of 32 (s_excess, ggml_round_row_s), m the block's minimum: q = 0
+ * stands for m, and llama-quantize's Q4_1 / Q5_1 (quantize_row_q4_1_ref, no imatrix) gives every block a q = 0. */
+static void q8_1_second_scale(const MatmulOut *out, int count, const float *s_excess, int n) {
+    for (int i = 0; i < count; i++) {
+        const ZayaMatrix *w = out[i].w;
+        const int blocks = w->cols / 32;
+        for (int o = 0; o < w->rows; o++)
+            for (int b = 0; b < blocks; b++) {
+                float m = INFINITY;
+                for (int j = 32 * b; j < 32 * b + 32; j++) {
+                    const size_t at = (size_t)o * w->cols + j;
+                    const float v = w->dtype == ZAYA_BF16 ? bf16_to_f32(((const uint16_t *)w->data)[at])
+                                                          : ((const float *)w->data)[at];
+                    m = v < m ? v : m;
+                }
+                for (int t = 0; t < n; t++) out[i].y[(size_t)t * out[i].ys + o] += m * s_excess[(size_t)t * blocks + b];
+            }
+    }
+}
+
 /* count products of one input (the same format and width) as one job; groups > 1: count = 1. */
 static void matmul_job(Kernels *k, const MatmulOut *out, int count, int groups, const float *x, int xs, int n) {
     const ZayaMatrix *w = out[0].w;
@@ -1090,10 +1115,13 @@ static void matmul_job(Kernels *k, const MatmulOut *out, int count, int groups, 
         conv_f16_product(out[0].y, out[0].ys, w, groups, x, xs, n);
         return;
     }
+    const int q8_1 = groups == 1 && k->ggml & (KERNELS_GGML_X86 | KERNELS_GGML_REF) && w->ggml_type > 0
+                     && ggml_vec_dot_type(w->ggml_type - 1) == GGML_T_Q8_1 && w->cols % 32 == 0
+                     && (w->dtype == ZAYA_F32 || w->dtype == ZAYA_BF16);
     if (groups == 1 && k->ggml & (KERNELS_GGML_X86 | KERNELS_GGML_REF) && w->ggml_type > 0) {
         for (int t = 0; t < n; t++)   /* the input as ggml's vec_dot_type for this weight type holds it */
-            ggml_round_row(k->ggml_x + (size_t)t * w->cols, x + (size_t)t * xs, w->cols, w->ggml_type - 1,
-                           k->ggml & KERNELS_GGML_X86);
+            ggml_round_row_s(k->ggml_x + (size_t)t * w->cols, q8_1 ? k->ggml_s + (size_t)t * (w->cols / 32) : NULL,
+                             x + (size_t)t * xs, w->cols, w->ggml_type - 1, k->ggml & KERNELS_GGML_X86);
         x = k->ggml_x;
         xs = w->cols;
     }
@@ -1119,6 +1147,7 @@ static void matmul_job(Kernels *k, const MatmulOut *out, int count, int groups, 
     if ((tiles + per - 1) / per > MAX_PIECES) per = (tiles + MAX_PIECES - 1) / MAX_PIECES;
     MatmulJob j = {out, count, groups, x, xs, n, k->xq, k->xq_scales, in_cols, per};
     pool_run(&k->pool, matmul_piece, &j, (tiles + per - 1) / per);
+    if (q8_1) q8_1_second_scale(out, count, k->ggml_s, n);
 }
 
 void matmul(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n) {
