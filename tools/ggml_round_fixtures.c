@@ -90,7 +90,8 @@ int main(int argc, char **argv) {
     /* Q8_1's second scale s (fp16, widened), one per block of 32: Q8_1_s.f32 [ROWS * COLS / 32] */
     static float s[ROWS * COLS / 32];
     for (int r = 0; r < ROWS; r++)
-        ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float(x + r * COLS, q + r * ggml_row_size(GGML_TYPE_Q8_1, COLS), COLS);
+        ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float(x + r * COLS, q + r * ggml_row_size(GGML_TYPE_Q8_1, COLS),
+                                                             COLS);
     for (size_t b = 0; b < ROWS * COLS / 32; b++) {
         uint16_t h;
         memcpy(&h, q + b * 36 + 2, 2);
@@ -114,7 +115,8 @@ int main(int argc, char **argv) {
         for (int r = 0; r < ROWS; r++)
             ggml_get_type_traits_cpu(tc->vec_dot_type)->from_float(x + r * COLS, xq + r * xrow, COLS);
         for (int r = 0; r < ROWS; r++)
-            for (int o = 0; o < WROWS; o++) tc->vec_dot(COLS, &dot[r * WROWS + o], 0, wq + o * wrow, 0, xq + r * xrow, 0, 1);
+            for (int o = 0; o < WROWS; o++)
+                tc->vec_dot(COLS, &dot[r * WROWS + o], 0, wq + o * wrow, 0, xq + r * xrow, 0, 1);
         write_file(argv[1], wnames[k][0], wd, WROWS * COLS);
         write_file(argv[1], wnames[k][1], dot, ROWS * WROWS);
     }
