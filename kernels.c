@@ -1264,7 +1264,45 @@ typedef struct {
     int g, per, first, pos;   /* query heads per KV head, heads per piece */
     float scale;
     int bf16, f16;            /* f16: ggml's F16 KV cache (KERNELS_GGML_KV) */
+    int fa;                   /* ggml's flash attention (KERNELS_GGML_FA) */
 } AttentionJob;
+
+/* ggml-cpu's flash attention, ggml_compute_forward_flash_attn_ext_f16_one_chunk (ops.cpp), for query heads [n0, n1)
+ * of KV head h over keys first..pos in position order: the query converted to the cache's type (F16: its
+ * vec_dot_type), s = q . k (float32 sums) * scale; online softmax in float32 (M the largest score so far, S the sum):
+ * a new maximum scales the accumulator by expf(M_old - M), else the value's weight is expf(s - M); F16 cache: the
+ * accumulator is F16, each scale and each fused multiply-add rounded to F16 (ggml_vec_scale_f16, ggml_vec_mad_f16);
+ * at the end the accumulator times 1 / S. llama.cpp casts an F32 cache's keys and values to F16 for it (llama-graph.cpp
+ * build_attn_mha): the port's flash attention is always f16 = 1. */
+static void attention_flash(const KvCache *kv, int h, const float *q, float *out, int n0, int n1, int first, int pos,
+                            float scale, int f16) {
+    const int d = kv->d;
+    for (int n = n0; n < n1; n++) {
+        const float *qn = q + (size_t)n * d;
+        float *acc = out + (size_t)n * d, S = 0.0f, M = -INFINITY;
+        for (int i = 0; i < d; i++) acc[i] = 0.0f;
+        for (int t = first; t <= pos; t++) {
+            const float *key = kv->keys + kv_row(kv, h, t), *v = kv->values + kv_row(kv, h, t);
+            float s = 0.0f;
+            for (int i = 0; i < d; i++) s += f16 ? ggml_round_f16(key[i]) * ggml_round_f16(qn[i]) : key[i] * qn[i];
+            s = s * scale;
+            float ms = 1.0f, vs = 1.0f;
+            if (s > M) {
+                const float m_old = M;
+                M = s;
+                ms = expf(m_old - M);
+                for (int i = 0; i < d; i++) acc[i] = f16 ? ggml_round_f16(acc[i] * ms) : acc[i] * ms;
+            } else {
+                vs = expf(s - M);
+            }
+            for (int i = 0; i < d; i++)
+                acc[i] = f16 ? ggml_round_f16(fmaf(ggml_round_f16(v[i]), vs, acc[i])) : fmaf(v[i], vs, acc[i]);
+            S = S * ms + vs;
+        }
+        const float s_inv = S == 0.0f ? 0.0f : 1.0f / S;
+        for (int i = 0; i < d; i++) acc[i] *= s_inv;
+    }
+}
 
 /* A piece: `per` query heads of one KV head (a KV head's g heads read its keys and values once). */
 static void attention_piece(void *ctx, int piece) {
@@ -1275,7 +1313,8 @@ static void attention_piece(void *ctx, int piece) {
     attention_scores(j->kv, h, j->q, j->probs, n0, n1, j->first, j->pos, j->scale, j->bf16, j->f16);
     for (int n = n0; n < n1; n++) softmax(j->probs + (size_t)n * n_keys, n_keys);
     for (size_t i = (size_t)n0 * n_keys; j->bf16 && i < (size_t)n1 * n_keys; i++) j->probs[i] = zaya_round_bf16(j->probs[i]);
-    attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos, j->bf16, j->f16);
+    if (j->fa) attention_flash(j->kv, h, j->q, j->out, n0, n1, j->first, j->pos, j->scale, 1);   /* F16 K, V (below) */
+    else attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos, j->bf16, j->f16);
 }
 
 void attention(Kernels *k, float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos,
@@ -1284,7 +1323,7 @@ void attention(Kernels *k, float *out, float *probs, const float *q, int nq, con
     /* whole KV groups while there are enough of them for the threads; else groups split */
     const int splits = threads <= kv->nkv ? 1 : (threads + kv->nkv - 1) / kv->nkv < g ? (threads + kv->nkv - 1) / kv->nkv : g;
     AttentionJob j = {out, probs, q, kv, g, (g + splits - 1) / splits, first, pos, scale, bf16,
-                      (k->ggml & KERNELS_GGML_KV) != 0};
+                      (k->ggml & KERNELS_GGML_KV) != 0, (k->ggml & KERNELS_GGML_FA) != 0};
     pool_run(&k->pool, attention_piece, &j, kv->nkv * ((g + j.per - 1) / j.per));
 }
 

@@ -15,7 +15,8 @@ alone (what the port computes: full attention everywhere, one RoPE base), as too
 4. With the port's two own choices too (+ggml-conv: the conv in F16; +ggml-gelu: ggml_gelu's F16 tanh table)
    every tap of every layer is within tolerance.
 5. A capture of the same GGUF with an F16 KV cache (llama_capture --kv f16): attention differs in every layer from a
-   float32 cache's replay, and with +ggml-kv-f16 every tap is within tolerance.
+   float32 cache's replay, and with +ggml-kv-f16 every tap is within tolerance. With flash attention (--fa on, F16
+   cache; llama.cpp's default on the CPU) it differs from +ggml-kv-f16's, and +ggml-fa agrees in every layer.
 6. The steps that add error (zaya_compare.portmap --steps, with the step check of zaya_compare/ggml.py: each product
    recomputed from the port's own input to it as ggml computes it) of the Q4_K_M capture replayed with fp32+ggml equal
    those of a capture of the port running an F32 GGUF of the same values (llama_capture/tiny-Q4_K_M-f32), replayed in
@@ -156,6 +157,23 @@ rc, text, taps = local("fp32+ggml+ggml-conv+ggml-gelu+ggml-kv-f16", port16)
 out = [(i, t, v) for (i, t), v in taps.items() if v[1] != "ok"]
 check(rc == 0 and taps and not out, f"F16 KV cache, +ggml-kv-f16: every one of {len(taps)} taps in tolerance",
       str(out[:4]) + text[-300:])
+
+# 5b. the same GGUF with llama.cpp's default attention on the CPU, flash attention (-fa auto turns it on; F16 cache):
+# the plain F16-cache replay departs at attention, +ggml-fa (ggml-cpu's one-chunk flash attention) agrees everywhere
+portfa = os.path.join(OUT, "port_fa")
+rc, o, e = run([PY, "-m", "zaya_compare.portmap", LMAP, need_fixtures("llama_capture", "tiny-Q4_K_M-fa"), portfa])
+check(rc == 0, "the llama.cpp map converts the recorded capture with flash attention", (o + e)[-300:])
+rc, text, taps = local("fp32+ggml+ggml-conv+ggml-gelu+ggml-kv-f16", portfa)
+att = [taps.get((i, "self_attn:attn_output"), (0, ""))[0] for i in range(L)]
+check(rc == 1 and "FIRST LOCAL ERROR: layer 0, model.layers.0.self_attn:attn_output" in text and min(att) > 1e-4,
+      f"flash attention, replayed as ggml's attention without it (F16 cache): attention differs in every layer "
+      f"({' '.join(f'{x:.2g}' for x in att)})", text[-300:])
+rc, text, taps = local("fp32+ggml+ggml-conv+ggml-gelu+ggml-fa", portfa)
+att = [taps.get((i, "self_attn:attn_output"), (0, ""))[0] for i in range(L)]
+check(rc == 0 and "every layer agrees locally" in text,
+      f"flash attention, +ggml-fa: every layer agrees locally (attention {' '.join(f'{x:.2g}' for x in att)})",
+      text[-300:])
+
 
 # 6. steps that add error: the step check judges each product on the port's own input to it. A capture of the
 # port running an F32 GGUF with the Q4_K_M GGUF's own values (llama-quantize --allow-requantize ... F32) replayed in
