@@ -14,9 +14,11 @@ int ggml_vec_dot_type(int t) {
     switch (t) {
     case GGML_T_F16: return GGML_T_F16;
     case GGML_T_BF16: return GGML_T_BF16;
-    case GGML_T_Q4_0: case GGML_T_Q5_0: case GGML_T_Q8_0: case GGML_T_IQ4_NL: return GGML_T_Q8_0;
+    case GGML_T_Q4_0: case GGML_T_Q5_0: case GGML_T_Q8_0: case GGML_T_IQ4_NL: case GGML_T_MXFP4: return GGML_T_Q8_0;
     case GGML_T_Q4_1: case GGML_T_Q5_1: return GGML_T_Q8_1;
     case GGML_T_Q2_K: case GGML_T_Q3_K: case GGML_T_Q4_K: case GGML_T_Q5_K: case GGML_T_Q6_K: case GGML_T_IQ4_XS:
+    case GGML_T_IQ2_XXS: case GGML_T_IQ2_XS: case GGML_T_IQ3_XXS: case GGML_T_IQ1_S: case GGML_T_IQ3_S:
+    case GGML_T_IQ2_S: case GGML_T_IQ1_M: case GGML_T_TQ1_0: case GGML_T_TQ2_0:
         return GGML_T_Q8_K;
     default: return GGML_T_F32;
     }

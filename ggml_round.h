@@ -17,11 +17,14 @@
 enum {
     GGML_T_F32 = 0, GGML_T_F16 = 1, GGML_T_Q4_0 = 2, GGML_T_Q4_1 = 3, GGML_T_Q5_0 = 6, GGML_T_Q5_1 = 7,
     GGML_T_Q8_0 = 8, GGML_T_Q8_1 = 9, GGML_T_Q2_K = 10, GGML_T_Q3_K = 11, GGML_T_Q4_K = 12, GGML_T_Q5_K = 13,
-    GGML_T_Q6_K = 14, GGML_T_Q8_K = 15, GGML_T_IQ4_NL = 20, GGML_T_IQ4_XS = 23, GGML_T_BF16 = 30
+    GGML_T_Q6_K = 14, GGML_T_Q8_K = 15, GGML_T_IQ2_XXS = 16, GGML_T_IQ2_XS = 17, GGML_T_IQ3_XXS = 18, GGML_T_IQ1_S = 19,
+    GGML_T_IQ4_NL = 20, GGML_T_IQ3_S = 21, GGML_T_IQ2_S = 22, GGML_T_IQ4_XS = 23, GGML_T_IQ1_M = 29, GGML_T_BF16 = 30,
+    GGML_T_TQ1_0 = 34, GGML_T_TQ2_0 = 35, GGML_T_MXFP4 = 39
 };
 
-/* The vec_dot_type of weight type t (ggml-cpu.c type_traits_cpu), GGML_T_F32 for F32 weights and for
- * the types not listed above (no rounding modelled), -1 never. */
+/* The vec_dot_type of weight type t (ggml-cpu.c type_traits_cpu): Q8_K for the K-quants, the IQ types but IQ4_NL,
+ * TQ1_0 and TQ2_0; Q8_0 for Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4; Q8_1 for Q4_1, Q5_1; GGML_T_F32 for F32 weights and
+ * for the types not listed above (no rounding modelled), -1 never. */
 int ggml_vec_dot_type(int t);
 /* Elements per block of a vec_dot_type: 256 (Q8_K), 32 (Q8_0, Q8_1), 1 (F16, BF16, F32). */
 int ggml_block_size(int vec_dot_type);
