@@ -217,10 +217,10 @@ check(not any(t in adds_q for t in ("self_attn.o_proj", "mlp.experts")) and grow
 
 # 7. a real difference in a product is still located: the replay's blob with one product scaled (the port computes
 # the GGUF's): layer 1's o_proj x 1.02, then layer 0's experts' down_proj x 1.015
-def scaled_blob(src, dst, name, factor):
-    """A copy of blob src with float32 tensor `name` times factor (its CRC and the header's updated)."""
-    shutil.copyfile(src, dst)
-    with open(dst, "r+b") as f:
+def scale_in_place(path, name, factor):
+    """Blob `path`'s float32 tensor `name` times factor, in place (its CRC and the header's updated); returns the
+    tensor's old bytes for restore_in_place. In place: the blob is 290 MB (the recorded embedding's shape)."""
+    with open(path, "r+b") as f:
         hdr = bytearray(f.read(1024))
         (diroff,) = struct.unpack_from("<Q", hdr, 24)
         (n,) = struct.unpack_from("<I", hdr, 32)
@@ -231,32 +231,46 @@ def scaled_blob(src, dst, name, factor):
         off, size = struct.unpack_from("<QQ", d, e + 168)
         assert dtype == 0, f"{name} is not float32"
         f.seek(off)
-        vals = struct.unpack(f"<{size // 4}f", f.read(size))
-        data = struct.pack(f"<{size // 4}f", *[v * factor for v in vals])
-        f.seek(off)
-        f.write(data)
-        struct.pack_into("<I", d, e + 184, zlib.crc32(data) & 0xFFFFFFFF)
-        struct.pack_into("<I", hdr, 12, 0)
-        struct.pack_into("<I", hdr, 12, zlib.crc32(bytes(hdr) + bytes(d)) & 0xFFFFFFFF)
-        f.seek(0)
-        f.write(hdr)
-        f.seek(diroff)
-        f.write(d)
+        old = f.read(size)
+        data = old if factor is None else struct.pack(f"<{size // 4}f", *[v * factor for v in
+                                                                          struct.unpack(f"<{size // 4}f", old)])
+        return old, write_tensor(f, hdr, d, diroff, e, off, data)
+
+
+def write_tensor(f, hdr, d, diroff, e, off, data):
+    f.seek(off)
+    f.write(data)
+    struct.pack_into("<I", d, e + 184, zlib.crc32(data) & 0xFFFFFFFF)
+    struct.pack_into("<I", hdr, 12, 0)
+    struct.pack_into("<I", hdr, 12, zlib.crc32(bytes(hdr) + bytes(d)) & 0xFFFFFFFF)
+    f.seek(0)
+    f.write(hdr)
+    f.seek(diroff)
+    f.write(d)
+    return (hdr, d, diroff, e, off)
+
+
+def restore_in_place(path, saved):
+    old, (hdr, d, diroff, e, off) = saved
+    with open(path, "r+b") as f:
+        write_tensor(f, hdr, d, diroff, e, off, old)
 
 
 for tensor, tap, layer, factor in (("model.layers.1.self_attn.o_proj.weight", "self_attn.o_proj", 1, 1.02),
                                    ("model.layers.0.mlp.experts.down_proj", "mlp.experts", 0, 1.015)):
-    bug = os.path.join(OUT, f"bug-{tap}.bin")
-    scaled_blob(noskip, bug, tensor, factor)
+    saved = scale_in_place(noskip, tensor, factor)
     replay = os.path.join(OUT, f"bug_replay_{tap}")
-    rc, o, e = run([PY, "compare.py", "--local", port, "--model", bug, "--replay-out", replay, "--verbose",
+    rc, o, e = run([PY, "compare.py", "--local", port, "--model", noskip, "--replay-out", replay, "--verbose",
                     "--precision", "fp32+ggml"])
+    restore_in_place(noskip, saved)
     adds_b, _, out_b = steps(o)
     step_line = next((ln for ln in o.splitlines() if f"step model.layers.{layer}.{tap} " in ln), "")
     check(layer in adds_b.get(tap, []) and "departs" in step_line and adds_b.get(GRP) == [0, 1],
           f"the port's {tap} of layer {layer} computing with weights x{factor} of the blob's, Q4_K_M, fp32+ggml: named "
           f"among the steps that add error (its step check departs), beside the grouped conv",
           f"{adds_b}\n{step_line}\n{out_b[-500:]}")
+rc, o, e = run(["./zaya", noskip, "--verify", "--ids", "2", "-n", "0"])
+check(rc == 0, "the blob restored (zaya --verify: every CRC)", e[-300:])
 
 # 8. the step check's quantizers (zaya_compare/ggml.py, numpy) equal ggml's own values bit for bit, Q8_1's second scale
 # too, and its Q4_1 / Q5_1 product is ggml's vec_dot to float32 summation (test/fixtures/ggml_round)
