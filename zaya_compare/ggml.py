@@ -7,7 +7,7 @@ backend quantizes that input to the weight type's vec_dot_type (Q8_K, Q8_0, Q8_1
 product: a small input difference moves whole quantization steps, so the product's local error grows x5-x20
 although the port computes the product exactly as ggml does. Judged on its own input, the step is legitimate.
 
-For each product tap whose input the port dumped, this recomputes ggml's product (float64) from that input:
+For each product tap (and the two CCA convolutions) whose input the port dumped, this recomputes ggml's product (float64) from that input:
 the input quantized exactly as ggml does for the weight's ggml type (the quantizers of ggml_round.c, here in
 numpy: bit for bit the same values; with --precision fp32 plain float32 inputs), times the blob's weights (the
 GGUF's, as ggml dequantizes them), plus Q8_1's second-scale term for Q4_1 / Q5_1 weights; the bias and, for
@@ -212,6 +212,7 @@ class Ctx:
         self.ggml = "ggml" in flags or "ggml-ref" in flags      # the products' inputs rounded as ggml's
         self.x86 = "ggml-ref" not in flags
         self.gelu = "ggml-gelu" in flags
+        self.conv = "ggml-conv" in flags
 
     def wtype(self, layer, module):
         """The ggml type the placement quantizes the input for, or None (plain float32)."""
@@ -314,8 +315,58 @@ def experts_step(ctx, layer):
     return y, bound, sd, what
 
 
+def conv_depthwise_step(ctx, layer):
+    """conv_qk_depthwise: a_j[c] = b0[c] + sum_m w0[c, m] u_{j-t0+1+m}[c], u = [q_proj, k_proj] (the port's taps; zeros
+    before position 0: the dump starts there), in float32 (the port's ssm_conv)."""
+    p = f"model.layers.{layer}.self_attn.qkv_proj."
+    q, k = ctx.lc.tap(p + "q_proj"), ctx.lc.tap(p + "k_proj")
+    w, b = ctx.lc.w(layer, "self_attn.qkv_proj.conv_qk_depthwise.weight"), \
+        ctx.lc.w(layer, "self_attn.qkv_proj.conv_qk_depthwise.bias")
+    if q is None or k is None or w is None or b is None:
+        return None
+    u = np.concatenate([q, k], axis=1)
+    T, C = u.shape
+    w = w.reshape(C, -1)
+    t0 = w.shape[1]
+    seq = np.concatenate([np.zeros((t0 - 1, C)), u], axis=0)
+    terms = np.stack([w[:, m] * seq[m:m + T] for m in range(t0)])
+    y = b + terms.sum(axis=0)
+    bound = 2 * t0 * U32 * (np.abs(terms).sum(axis=0) + np.abs(b))
+    return y, bound, bound / LAMBDA, "float32"
+
+
+def conv_grouped_step(ctx, layer):
+    """conv_qk_grouped from the port's conv_qk_depthwise tap (a_{-1} .. before position 0 = the depthwise bias: the
+    dump starts at position 0): z_t[o] = b1[o] + sum_k sum_i w1[o, i, k] a_{t-t1+1+k}[g d + i], o in group g; with
+    +ggml-conv the kernel and a rounded to F16 first (the port's cast and im2col)."""
+    p = f"model.layers.{layer}.self_attn.qkv_proj."
+    a, w = ctx.lc.tap(p + "conv_qk_depthwise"), ctx.lc.w(layer, "self_attn.qkv_proj.conv_qk_grouped.weight")
+    b, b0 = ctx.lc.w(layer, "self_attn.qkv_proj.conv_qk_grouped.bias"), \
+        ctx.lc.w(layer, "self_attn.qkv_proj.conv_qk_depthwise.bias")
+    d = ctx.lc.blob.d
+    if a is None or w is None or b is None or b0 is None or a.shape[1] % d:
+        return None
+    T, C = a.shape
+    w = w.reshape(C, d, -1)
+    t1 = w.shape[2]
+    seq = np.concatenate([np.repeat(b0[None, :], t1 - 1, axis=0), a], axis=0)
+    if ctx.conv:
+        seq, w = f16(seq).astype(np.float64), f16(w).astype(np.float64)
+    G = C // d
+    y, mag = np.zeros((T, C)), np.zeros((T, C))
+    for k in range(t1):
+        x = seq[k:k + T].reshape(T, G, d)                      # a_{t-t1+1+k}, by group
+        wk = w[:, :, k].reshape(G, d, d)                       # [group, output in group, input in group]
+        y += np.einsum("tgi,goi->tgo", x, wk).reshape(T, C)
+        mag += np.einsum("tgi,goi->tgo", np.abs(x), np.abs(wk)).reshape(T, C)
+    bound = LAMBDA * math.sqrt(d * t1) * U32 * mag + U32 * np.abs(y)
+    return y + b, bound, bound / LAMBDA, "F16 kernel and input (+ggml-conv)" if ctx.conv else "float32"
+
+
 STEPS = {
     **{k: (lambda k: lambda c, i: linear_step(c, i, k))(k) for k in legit.LINEARS},
+    "self_attn.qkv_proj.conv_qk_depthwise": conv_depthwise_step,
+    "self_attn.qkv_proj.conv_qk_grouped": conv_grouped_step,
     "mlp.gate.router_mlp.act_fn:fc1": lambda c, i: act_step(c, i, "fc1"),
     "mlp.gate.router_mlp.act_fn:fc2": lambda c, i: act_step(c, i, "fc2"),
     "mlp.experts": experts_step,
