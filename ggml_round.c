@@ -14,9 +14,11 @@ int ggml_vec_dot_type(int t) {
     switch (t) {
     case GGML_T_F16: return GGML_T_F16;
     case GGML_T_BF16: return GGML_T_BF16;
-    case GGML_T_Q4_0: case GGML_T_Q5_0: case GGML_T_Q8_0: case GGML_T_IQ4_NL: return GGML_T_Q8_0;
+    case GGML_T_Q4_0: case GGML_T_Q5_0: case GGML_T_Q8_0: case GGML_T_IQ4_NL: case GGML_T_MXFP4: return GGML_T_Q8_0;
     case GGML_T_Q4_1: case GGML_T_Q5_1: return GGML_T_Q8_1;
     case GGML_T_Q2_K: case GGML_T_Q3_K: case GGML_T_Q4_K: case GGML_T_Q5_K: case GGML_T_Q6_K: case GGML_T_IQ4_XS:
+    case GGML_T_IQ2_XXS: case GGML_T_IQ2_XS: case GGML_T_IQ3_XXS: case GGML_T_IQ1_S: case GGML_T_IQ3_S:
+    case GGML_T_IQ2_S: case GGML_T_IQ1_M: case GGML_T_TQ1_0: case GGML_T_TQ2_0:
         return GGML_T_Q8_K;
     default: return GGML_T_F32;
     }
@@ -114,10 +116,40 @@ void ggml_q8_k(const float *x, float *y) {
     }
 }
 
+float ggml_q8_1_s(const float *x, int x86) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127.f;
+    uint32_t sum = 0;   /* x86: hsum_i32_8 of the int32 values before the packs saturate (int32 adds wrap) */
+    if (x86) {
+        const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const float q = nearbyintf(x[j] * id);
+            sum += !(q >= -2147483648.0f && q < 2147483648.0f) ? 0x80000000u : (uint32_t)(int32_t)q;
+        }
+    } else {            /* quantize_row_q8_1_ref: the sum of the stored int8 values */
+        const float id = d ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) sum += (uint32_t)(int32_t)(int8_t)roundf(x[j] * id);
+    }
+    int32_t isum;
+    memcpy(&isum, &sum, 4);
+    return ggml_round_f16(d * (float)isum);   /* y[i].s = GGML_FP32_TO_FP16(d * sum) */
+}
+
 void ggml_round_row(float *y, const float *x, int n, int weight_type, int x86) {
+    ggml_round_row_s(y, NULL, x, n, weight_type, x86);
+}
+
+void ggml_round_row_s(float *y, float *s_excess, const float *x, int n, int weight_type, int x86) {
     const int v = ggml_vec_dot_type(weight_type), bs = ggml_block_size(v);
     for (int i = 0; i + bs <= n; i += bs) {
-        if (v == GGML_T_Q8_K) ggml_q8_k(x + i, y + i);
+        if (v == GGML_T_Q8_1 && s_excess) {   /* s before y: y may be x */
+            const float s = ggml_q8_1_s(x + i, x86);
+            (x86 ? ggml_q8_0_x86 : ggml_q8_0_ref)(x + i, y + i);
+            float sum = 0.0f;   /* d * sum(q): exact in float32 (11 + 12 significant bits) */
+            for (int j = 0; j < 32; j++) sum += y[i + j];
+            s_excess[i / 32] = s - sum;
+        } else if (v == GGML_T_Q8_K) ggml_q8_k(x + i, y + i);
         else if (v == GGML_T_Q8_0 || v == GGML_T_Q8_1) (x86 ? ggml_q8_0_x86 : ggml_q8_0_ref)(x + i, y + i);
         else if (v == GGML_T_F16) y[i] = ggml_round_f16(x[i]);
         else if (v == GGML_T_BF16) y[i] = ggml_round_bf16(x[i]);

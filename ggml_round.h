@@ -6,8 +6,9 @@
  * for Q4_1 / Q5_1, F16 for F16 weights, BF16 for BF16 weights, nothing for F32. ggml_round_row() gives
  * the values those quantized activations stand for (the quantized value times its scale, exact in
  * float32); the product of them with the dequantized weights is then ggml's up to the order of the float32
- * sums. Q8_1's second scale s = fp16(d * sum q) (the Q4_1 / Q5_1 minimum term) is not modelled: those two
- * types keep a difference of the order of fp16's rounding of s times the minimum.
+ * sums. Q4_1 / Q5_1 weights (w = d q + m per block of 32) meet Q8_1's second scale: ggml's dot product is
+ * d d_x sum(q q_x) + m s with s = fp16(d_x * sum q_x), not m times the sum of the values the block stands
+ * for; ggml_round_row_s() gives s minus that sum per block, and the product adds m times it.
  */
 #ifndef ZAYA_GGML_ROUND_H
 #define ZAYA_GGML_ROUND_H
@@ -16,11 +17,14 @@
 enum {
     GGML_T_F32 = 0, GGML_T_F16 = 1, GGML_T_Q4_0 = 2, GGML_T_Q4_1 = 3, GGML_T_Q5_0 = 6, GGML_T_Q5_1 = 7,
     GGML_T_Q8_0 = 8, GGML_T_Q8_1 = 9, GGML_T_Q2_K = 10, GGML_T_Q3_K = 11, GGML_T_Q4_K = 12, GGML_T_Q5_K = 13,
-    GGML_T_Q6_K = 14, GGML_T_Q8_K = 15, GGML_T_IQ4_NL = 20, GGML_T_IQ4_XS = 23, GGML_T_BF16 = 30
+    GGML_T_Q6_K = 14, GGML_T_Q8_K = 15, GGML_T_IQ2_XXS = 16, GGML_T_IQ2_XS = 17, GGML_T_IQ3_XXS = 18, GGML_T_IQ1_S = 19,
+    GGML_T_IQ4_NL = 20, GGML_T_IQ3_S = 21, GGML_T_IQ2_S = 22, GGML_T_IQ4_XS = 23, GGML_T_IQ1_M = 29, GGML_T_BF16 = 30,
+    GGML_T_TQ1_0 = 34, GGML_T_TQ2_0 = 35, GGML_T_MXFP4 = 39
 };
 
-/* The vec_dot_type of weight type t (ggml-cpu.c type_traits_cpu), GGML_T_F32 for F32 weights and for
- * the types not listed above (no rounding modelled), -1 never. */
+/* The vec_dot_type of weight type t (ggml-cpu.c type_traits_cpu): Q8_K for the K-quants, the IQ types but IQ4_NL,
+ * TQ1_0 and TQ2_0; Q8_0 for Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4; Q8_1 for Q4_1, Q5_1; GGML_T_F32 for F32 weights and
+ * for the types not listed above (no rounding modelled), -1 never. */
 int ggml_vec_dot_type(int t);
 /* Elements per block of a vec_dot_type: 256 (Q8_K), 32 (Q8_0, Q8_1), 1 (F16, BF16, F32). */
 int ggml_block_size(int vec_dot_type);
@@ -50,6 +54,13 @@ void ggml_q8_k(const float *x, float *y);
  * products with a weight of ggml type `weight_type`: y = x rounded per its vec_dot_type (y may be x). x86
  * = 1: the AVX/AVX2 builds' Q8_0 / Q8_1 (what the port runs on this machine), 0: the reference one. */
 void ggml_round_row(float *y, const float *x, int n, int weight_type, int x86);
+/* The same, and for a weight type whose vec_dot_type is Q8_1 (Q4_1, Q5_1) with s_excess given: s_excess[b] =
+ * s - sum(y[32 b .. 32 b + 31]) for each block b (n / 32 values; s the block's second scale, below). */
+void ggml_round_row_s(float *y, float *s_excess, const float *x, int n, int weight_type, int x86);
+/* Q8_1's second scale of a block of 32, s = fp16(d * sum q) widened, d = amax / 127 in float32 (not the stored
+ * half): x86's quantize_row_q8_1 (the int32 q before the packs saturate, summed with int32 wraparound) or
+ * quantize_row_q8_1_ref (x86 = 0: the sum of the stored int8 q). */
+float ggml_q8_1_s(const float *x, int x86);
 
 /* ggml_gelu's CPU value (ggml-cpu/vec.h ggml_vec_gelu_f32, GGML_GELU_FP16): 0 at x <= -10, x at x >= 10, else
  * its table of the tanh-approximated GELU, in F16, at x rounded to F16. ggml_gelu_init() fills the table

@@ -974,6 +974,7 @@ struct Kernels {
     float *xq_scales;  /* their scales, one per group */
     int ggml;          /* the ggml placement: KERNELS_GGML_* flags (kernels_set_ggml), 0 off */
     float *ggml_x;     /* the activations as ggml's vec_dot_type holds them [max_tokens, max_cols] */
+    float *ggml_s;     /* Q8_1: each block's second scale minus the sum of its values [max_tokens, max_cols / 32] */
 };
 
 Kernels *kernels_new(int threads, int max_cols, int max_tokens) {
@@ -994,13 +995,15 @@ Kernels *kernels_new(int threads, int max_cols, int max_tokens) {
 
 void kernels_set_ggml(Kernels *k, int mode) {
     if (mode && !k->ggml_x) k->ggml_x = calloc_lines((size_t)k->max_cols * k->max_tokens, sizeof(float));
-    k->ggml = k->ggml_x ? mode : 0;
+    if (mode && !k->ggml_s) k->ggml_s = calloc_lines((size_t)(k->max_cols / 32 + 1) * k->max_tokens, sizeof(float));
+    k->ggml = k->ggml_x && k->ggml_s ? mode : 0;
 }
 
 void kernels_free(Kernels *k) {
     if (!k) return;
     pool_stop(&k->pool);
     free(k->ggml_x);
+    free(k->ggml_s);
     free(k->xq);
     free(k->xq_scales);
     free(k);
@@ -1083,6 +1086,28 @@ static void conv_f16_product(float *y, int ys, const ZayaMatrix *w, int groups, 
         }
 }
 
+/* ggml's Q4_1 / Q5_1 dot product with Q8_1 activations: d d_x sum(q q_x) + m s, where the product of the
+ * dequantized weights (d q + m) with the values the activations stand for gives m d_x sum(q_x) for the second
+ * term. Adds m (s - d_x sum q_x) per block of 32 (s_excess, ggml_round_row_s), m the block's minimum: q = 0
+ * stands for m, and llama-quantize's Q4_1 / Q5_1 (quantize_row_q4_1_ref, no imatrix) gives every block a q = 0. */
+static void q8_1_second_scale(const MatmulOut *out, int count, const float *s_excess, int n) {
+    for (int i = 0; i < count; i++) {
+        const ZayaMatrix *w = out[i].w;
+        const int blocks = w->cols / 32;
+        for (int o = 0; o < w->rows; o++)
+            for (int b = 0; b < blocks; b++) {
+                float m = INFINITY;
+                for (int j = 32 * b; j < 32 * b + 32; j++) {
+                    const size_t at = (size_t)o * w->cols + j;
+                    const float v = w->dtype == ZAYA_BF16 ? bf16_to_f32(((const uint16_t *)w->data)[at])
+                                                          : ((const float *)w->data)[at];
+                    m = v < m ? v : m;
+                }
+                for (int t = 0; t < n; t++) out[i].y[(size_t)t * out[i].ys + o] += m * s_excess[(size_t)t * blocks + b];
+            }
+    }
+}
+
 /* count products of one input (the same format and width) as one job; groups > 1: count = 1. */
 static void matmul_job(Kernels *k, const MatmulOut *out, int count, int groups, const float *x, int xs, int n) {
     const ZayaMatrix *w = out[0].w;
@@ -1090,10 +1115,13 @@ static void matmul_job(Kernels *k, const MatmulOut *out, int count, int groups, 
         conv_f16_product(out[0].y, out[0].ys, w, groups, x, xs, n);
         return;
     }
+    const int q8_1 = groups == 1 && k->ggml & (KERNELS_GGML_X86 | KERNELS_GGML_REF) && w->ggml_type > 0
+                     && ggml_vec_dot_type(w->ggml_type - 1) == GGML_T_Q8_1 && w->cols % 32 == 0
+                     && (w->dtype == ZAYA_F32 || w->dtype == ZAYA_BF16);
     if (groups == 1 && k->ggml & (KERNELS_GGML_X86 | KERNELS_GGML_REF) && w->ggml_type > 0) {
         for (int t = 0; t < n; t++)   /* the input as ggml's vec_dot_type for this weight type holds it */
-            ggml_round_row(k->ggml_x + (size_t)t * w->cols, x + (size_t)t * xs, w->cols, w->ggml_type - 1,
-                           k->ggml & KERNELS_GGML_X86);
+            ggml_round_row_s(k->ggml_x + (size_t)t * w->cols, q8_1 ? k->ggml_s + (size_t)t * (w->cols / 32) : NULL,
+                             x + (size_t)t * xs, w->cols, w->ggml_type - 1, k->ggml & KERNELS_GGML_X86);
         x = k->ggml_x;
         xs = w->cols;
     }
@@ -1119,6 +1147,7 @@ static void matmul_job(Kernels *k, const MatmulOut *out, int count, int groups, 
     if ((tiles + per - 1) / per > MAX_PIECES) per = (tiles + MAX_PIECES - 1) / MAX_PIECES;
     MatmulJob j = {out, count, groups, x, xs, n, k->xq, k->xq_scales, in_cols, per};
     pool_run(&k->pool, matmul_piece, &j, (tiles + per - 1) / per);
+    if (q8_1) q8_1_second_scale(out, count, k->ggml_s, n);
 }
 
 void matmul(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n) {
@@ -1235,7 +1264,45 @@ typedef struct {
     int g, per, first, pos;   /* query heads per KV head, heads per piece */
     float scale;
     int bf16, f16;            /* f16: ggml's F16 KV cache (KERNELS_GGML_KV) */
+    int fa;                   /* ggml's flash attention (KERNELS_GGML_FA) */
 } AttentionJob;
+
+/* ggml-cpu's flash attention, ggml_compute_forward_flash_attn_ext_f16_one_chunk (ops.cpp), for query heads [n0, n1)
+ * of KV head h over keys first..pos in position order: the query converted to the cache's type (F16: its
+ * vec_dot_type), s = q . k (float32 sums) * scale; online softmax in float32 (M the largest score so far, S the sum):
+ * a new maximum scales the accumulator by expf(M_old - M), else the value's weight is expf(s - M); F16 cache: the
+ * accumulator is F16, each scale and each fused multiply-add rounded to F16 (ggml_vec_scale_f16, ggml_vec_mad_f16);
+ * at the end the accumulator times 1 / S. llama.cpp casts an F32 cache's keys and values to F16 for it (llama-graph.cpp
+ * build_attn_mha): the port's flash attention is always f16 = 1. */
+static void attention_flash(const KvCache *kv, int h, const float *q, float *out, int n0, int n1, int first, int pos,
+                            float scale, int f16) {
+    const int d = kv->d;
+    for (int n = n0; n < n1; n++) {
+        const float *qn = q + (size_t)n * d;
+        float *acc = out + (size_t)n * d, S = 0.0f, M = -INFINITY;
+        for (int i = 0; i < d; i++) acc[i] = 0.0f;
+        for (int t = first; t <= pos; t++) {
+            const float *key = kv->keys + kv_row(kv, h, t), *v = kv->values + kv_row(kv, h, t);
+            float s = 0.0f;
+            for (int i = 0; i < d; i++) s += f16 ? ggml_round_f16(key[i]) * ggml_round_f16(qn[i]) : key[i] * qn[i];
+            s = s * scale;
+            float ms = 1.0f, vs = 1.0f;
+            if (s > M) {
+                const float m_old = M;
+                M = s;
+                ms = expf(m_old - M);
+                for (int i = 0; i < d; i++) acc[i] = f16 ? ggml_round_f16(acc[i] * ms) : acc[i] * ms;
+            } else {
+                vs = expf(s - M);
+            }
+            for (int i = 0; i < d; i++)
+                acc[i] = f16 ? ggml_round_f16(fmaf(ggml_round_f16(v[i]), vs, acc[i])) : fmaf(v[i], vs, acc[i]);
+            S = S * ms + vs;
+        }
+        const float s_inv = S == 0.0f ? 0.0f : 1.0f / S;
+        for (int i = 0; i < d; i++) acc[i] *= s_inv;
+    }
+}
 
 /* A piece: `per` query heads of one KV head (a KV head's g heads read its keys and values once). */
 static void attention_piece(void *ctx, int piece) {
@@ -1246,7 +1313,8 @@ static void attention_piece(void *ctx, int piece) {
     attention_scores(j->kv, h, j->q, j->probs, n0, n1, j->first, j->pos, j->scale, j->bf16, j->f16);
     for (int n = n0; n < n1; n++) softmax(j->probs + (size_t)n * n_keys, n_keys);
     for (size_t i = (size_t)n0 * n_keys; j->bf16 && i < (size_t)n1 * n_keys; i++) j->probs[i] = zaya_round_bf16(j->probs[i]);
-    attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos, j->bf16, j->f16);
+    if (j->fa) attention_flash(j->kv, h, j->q, j->out, n0, n1, j->first, j->pos, j->scale, 1);   /* F16 K, V (below) */
+    else attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos, j->bf16, j->f16);
 }
 
 void attention(Kernels *k, float *out, float *probs, const float *q, int nq, const KvCache *kv, int first, int pos,
@@ -1255,7 +1323,7 @@ void attention(Kernels *k, float *out, float *probs, const float *q, int nq, con
     /* whole KV groups while there are enough of them for the threads; else groups split */
     const int splits = threads <= kv->nkv ? 1 : (threads + kv->nkv - 1) / kv->nkv < g ? (threads + kv->nkv - 1) / kv->nkv : g;
     AttentionJob j = {out, probs, q, kv, g, (g + splits - 1) / splits, first, pos, scale, bf16,
-                      (k->ggml & KERNELS_GGML_KV) != 0};
+                      (k->ggml & KERNELS_GGML_KV) != 0, (k->ggml & KERNELS_GGML_FA) != 0};
     pool_run(&k->pool, attention_piece, &j, kv->nkv * ((g + j.per - 1) / j.per));
 }
 

@@ -47,8 +47,11 @@ void matmul_grouped_ref(float *y, int ys, const ZayaMatrix *w, int groups, const
  * rounded to F16 (ggml_cast and ggml_conv_1d's im2col), products summed in float32 (plain loops). 0 turns
  * it off. KERNELS_GGML_KV: attention as ggml's without flash attention over an F16 KV cache: keys and query
  * in F16 for the scores, values and probabilities in F16 for the output (float32 sums, plain loops).
+ * KERNELS_GGML_FA: the attention output as ggml-cpu's flash attention's one-chunk path computes it (zaya.h
+ * ZAYA_GGML_FA: keys, values and query in F16, the values accumulated in F16); the probabilities stay the plain
+ * softmax of the scores (flash attention has none).
  * Out of memory: stays off. */
-enum { KERNELS_GGML_X86 = 1, KERNELS_GGML_REF = 2, KERNELS_GGML_CONV = 4, KERNELS_GGML_KV = 8 };
+enum { KERNELS_GGML_X86 = 1, KERNELS_GGML_REF = 2, KERNELS_GGML_CONV = 4, KERNELS_GGML_KV = 8, KERNELS_GGML_FA = 16 };
 void kernels_set_ggml(Kernels *k, int mode);
 
 /* Zeroed memory aligned to a cache line (the buffers the kernels stream through); free() it. */

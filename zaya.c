@@ -801,9 +801,9 @@ int zaya_state_threads(const ZayaState *s) { return kernels_threads(s->kernels);
 
 /* bit k: 1 << k */
 static const char *const placement_names[] = {"fp32-residual", "fp32-norm", "fp32-logits", "ggml",
-                                              "ggml-ref", "ggml-conv", "ggml-gelu", "ggml-kv-f16"};
-#define N_PLACEMENTS 8
-#define GGML_PLACEMENTS (ZAYA_GGML | ZAYA_GGML_REF | ZAYA_GGML_CONV | ZAYA_GGML_GELU | ZAYA_GGML_KV)
+                                              "ggml-ref", "ggml-conv", "ggml-gelu", "ggml-kv-f16", "ggml-fa"};
+#define N_PLACEMENTS 9
+#define GGML_PLACEMENTS (ZAYA_GGML | ZAYA_GGML_REF | ZAYA_GGML_CONV | ZAYA_GGML_GELU | ZAYA_GGML_KV | ZAYA_GGML_FA)
 
 int zaya_parse_precision(const char *text, int *precision, int *placement, char *err, size_t errlen) {
     const char *plus = strchr(text, '+');
@@ -816,7 +816,7 @@ int zaya_parse_precision(const char *text, int *precision, int *placement, char 
         return zaya_fail(err, errlen, "bad precision \"%s\"\n  expected: fp32 (default), bf16 (the official code "
                          "loaded in bfloat16), bf16-torch1.13 (the same with torch 1.13's rounding, as the fixtures "
                          "were made), a bf16 one followed by placements: bf16+fp32-residual+fp32-norm (vLLM), "
-                         "+fp32-logits (docs/bf16.md), or fp32+ggml (+ggml-conv, +ggml-gelu, +ggml-kv-f16: ggml's CPU "
+                         "+fp32-logits (docs/bf16.md), or fp32+ggml (+ggml-conv, +ggml-gelu, +ggml-kv-f16, +ggml-fa: ggml's CPU "
                          "arithmetic, docs/compare.md 9)", text);
     for (const char *p = plus; p; p = strchr(p + 1, '+')) {
         const char *end = strchr(p + 1, '+');
@@ -859,7 +859,7 @@ static int ggml_mode(const ZayaState *s) {
     if (s->placement & ZAYA_GGML_GELU) ggml_gelu_init();
     return (s->placement & ZAYA_GGML ? KERNELS_GGML_X86 : s->placement & ZAYA_GGML_REF ? KERNELS_GGML_REF : 0)
            | (s->placement & ZAYA_GGML_CONV ? KERNELS_GGML_CONV : 0)
-           | (s->placement & ZAYA_GGML_KV ? KERNELS_GGML_KV : 0);
+           | (s->placement & ZAYA_GGML_KV ? KERNELS_GGML_KV : 0) | (s->placement & ZAYA_GGML_FA ? KERNELS_GGML_FA : 0);
 }
 
 /* bf16 emulates upstream's bf16 run only: the fork's (legacy layout, passthrough skip) rounds elsewhere. */

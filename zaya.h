@@ -61,6 +61,11 @@ enum { ZAYA_GGML_GELU = 64 };
 /* ZAYA_GGML_KV ("+ggml-kv-f16"): llama.cpp's F16 KV cache without flash attention (--kv f16 / -ctk f16 -ctv
  * f16): keys, values, the query and the attention probabilities in F16 in the two products. */
 enum { ZAYA_GGML_KV = 128 };
+/* ZAYA_GGML_FA ("+ggml-fa"): attention as ggml-cpu's flash attention (FLASH_ATTN_EXT, its one-chunk path: a
+ * batch of fewer than 64 positions; llama.cpp's default -fa auto turns it on for the CPU): per query head the
+ * keys and values in F16 (llama.cpp casts an F32 cache to F16 for it), the query converted to F16, online softmax
+ * in float32 (expf), the values accumulated in F16 (each step rounded), divided by the sum at the end. */
+enum { ZAYA_GGML_FA = 256 };
 
 /* "fp32", "bf16", "bf16-torch1.13", each bf16 one optionally followed by placements:
  * "bf16+fp32-residual+fp32-norm+fp32-logits"; "fp32+ggml" or "fp32+ggml-ref". Returns 0, or -1 with a

@@ -24,11 +24,14 @@
 #    Exit status that of compare.py (0 agree, 1 a local error, 2 an input error).
 # Defaults: f32 KV cache and no flash attention, so that what differs is the port's graph rather than
 # llama.cpp's run-time options (--kv f16 / --fa on to see those).
+# The layer-local verdicts use the step check (zaya_compare/ggml.py): a product whose output is what the replay's
+# arithmetic gives on the port's own input to it is no step that adds error, however its error grew.
 # Placement: a GGUF whose matrices are quantized (or F16 / BF16) is replayed, and run end to end, with
 # --precision fp32+ggml (ggml_round.h: each product's input rounded as ggml's CPU backend quantizes it for
 # the weight's type, Q8_K / Q8_0 / Q8_1 / F16 / BF16), so that ggml's own arithmetic is not reported as
 # the port's error; --placement none replays in plain float32, ggml forces it. With --kv f16 (and no flash
-# attention) the F16 KV cache too (+ggml-kv-f16). Not used: +ggml-conv and +ggml-gelu, the port's own choices
+# attention) the F16 KV cache too (+ggml-kv-f16); with --fa on ggml's flash attention (+ggml-fa; llama.cpp's own
+# default on the CPU is -fa auto = on, with an F16 cache). Not used: +ggml-conv and +ggml-gelu, the port's own choices
 # (its F16 grouped conv and tanh GELU), which the bisect is there to name.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -109,6 +112,11 @@ print(' '.join(sorted({t.type for n, t in g.tensors.items() if len(t.ne) >= 2 an
     if [ "$KV" = f16 ] && [ "$FA" = off ]; then
         PREC_GGML="${PREC_GGML:-fp32}+ggml-kv-f16"
         echo "placement: --kv f16 without flash attention: keys, values, query and probabilities in F16 (+ggml-kv-f16)"
+    fi
+    if [ "$FA" = on ]; then
+        PREC_GGML="${PREC_GGML:-fp32}+ggml-fa"
+        echo "placement: --fa on: attention as ggml-cpu's flash attention (+ggml-fa: keys, values and query in F16, online" \
+             "softmax, the values accumulated in F16; its one-chunk path, a batch of fewer than 64 positions)"
     fi
 fi
 if [ "$KEEP_SKIP" = 0 ]; then

@@ -9,7 +9,11 @@
  *   OUTDIR/<T>.f32            the same rows through from_float of T = Q8_0, Q8_1, Q8_K, F16, BF16, each
  *                             dequantized (Q8_0 / F16 / BF16: ggml's to_float; Q8_K: d * qs as its
  *                             dequantize_row_q8_K; Q8_1: qs * d as ggml's dot products read it);
- *   OUTDIR/Q8_0_ref.f32       the same through ggml's reference quantize_row_q8_0_ref.
+ *   OUTDIR/Q8_0_ref.f32       the same through ggml's reference quantize_row_q8_0_ref;
+ *   OUTDIR/Q8_1_s.f32         Q8_1's second scale s of each block of 32 (the fp16 widened), ROWS * COLS / 32;
+ *   OUTDIR/<T>_w.f32,         T = Q4_1, Q5_1: 16 x COLS weights quantized by T's from_float (no imatrix, as
+ *   OUTDIR/<T>_dot.f32        llama-quantize) and dequantized; ggml's vec_dot of each with each input row as
+ *                             Q8_1 (ROWS x 16): the second scale's term m * s inside.
  * test/test_ggml_round.c requires ggml_round.c's values equal to these, bit for bit. Only this recorder links ggml.
  *
  * Build against the port's llama.cpp build (LCPP = the checkout built with cmake):
@@ -83,11 +87,45 @@ int main(int argc, char **argv) {
         }
         write_file(argv[1], names[k], y, ROWS * COLS);
     }
+    /* Q8_1's second scale s (fp16, widened), one per block of 32: Q8_1_s.f32 [ROWS * COLS / 32] */
+    static float s[ROWS * COLS / 32];
+    for (int r = 0; r < ROWS; r++)
+        ggml_get_type_traits_cpu(GGML_TYPE_Q8_1)->from_float(x + r * COLS, q + r * ggml_row_size(GGML_TYPE_Q8_1, COLS),
+                                                             COLS);
+    for (size_t b = 0; b < ROWS * COLS / 32; b++) {
+        uint16_t h;
+        memcpy(&h, q + b * 36 + 2, 2);
+        s[b] = ggml_fp16_to_fp32(h);
+    }
+    write_file(argv[1], "Q8_1_s", s, ROWS * COLS / 32);
+    /* Q4_1 / Q5_1 weights [WROWS, COLS] (from_float, no imatrix, as llama-quantize), dequantized (<T>_w.f32), and
+     * ggml's dot product of each with each input row quantized to Q8_1 (<T>_dot.f32 [ROWS, WROWS]) */
+    enum { WROWS = 16 };
+    static float w[WROWS * COLS], wd[WROWS * COLS], dot[ROWS * WROWS];
+    static uint8_t wq[WROWS * COLS * 4], xq[ROWS * COLS * 4];
+    for (int i = 0; i < WROWS * COLS; i++) w[i] = 0.05f * gauss() + (i / COLS % 4 == 1 ? 0.03f : 0.0f);
+    const enum ggml_type wtypes[] = {GGML_TYPE_Q4_1, GGML_TYPE_Q5_1};
+    const char *wnames[][2] = {{"Q4_1_w", "Q4_1_dot"}, {"Q5_1_w", "Q5_1_dot"}};
+    for (int k = 0; k < 2; k++) {
+        const enum ggml_type t = wtypes[k];
+        const struct ggml_type_traits_cpu *tc = ggml_get_type_traits_cpu(t);
+        const size_t wrow = ggml_row_size(t, COLS), xrow = ggml_row_size(tc->vec_dot_type, COLS);
+        for (int r = 0; r < WROWS; r++) tc->from_float(w + r * COLS, wq + r * wrow, COLS);
+        for (int r = 0; r < WROWS; r++) ggml_get_type_traits(t)->to_float(wq + r * wrow, wd + r * COLS, COLS);
+        for (int r = 0; r < ROWS; r++)
+            ggml_get_type_traits_cpu(tc->vec_dot_type)->from_float(x + r * COLS, xq + r * xrow, COLS);
+        for (int r = 0; r < ROWS; r++)
+            for (int o = 0; o < WROWS; o++)
+                tc->vec_dot(COLS, &dot[r * WROWS + o], 0, wq + o * wrow, 0, xq + r * xrow, 0, 1);
+        write_file(argv[1], wnames[k][0], wd, WROWS * COLS);
+        write_file(argv[1], wnames[k][1], dot, ROWS * WROWS);
+    }
     const size_t row = ggml_row_size(GGML_TYPE_Q8_0, COLS);
     for (int r = 0; r < ROWS; r++)
         ggml_get_type_traits(GGML_TYPE_Q8_0)->from_float_ref(x + r * COLS, q + r * row, COLS);
     for (int r = 0; r < ROWS; r++) ggml_get_type_traits(GGML_TYPE_Q8_0)->to_float(q + r * row, y + r * COLS, COLS);
     write_file(argv[1], "Q8_0_ref", y, ROWS * COLS);
-    printf("wrote %s: input and Q8_0, Q8_1, Q8_K, F16, BF16, Q8_0_ref of %d x %d values\n", argv[1], ROWS, COLS);
+    printf("wrote %s: input and Q8_0, Q8_1, Q8_K, F16, BF16, Q8_0_ref of %d x %d values, Q8_1_s, Q4_1 and Q5_1 weights "
+           "and dot products\n", argv[1], ROWS, COLS);
     return 0;
 }

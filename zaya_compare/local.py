@@ -17,11 +17,12 @@ placement) and names the placement the port is closest to; report_tiers() prints
 the view compare.py calls.
 """
 import os
+import struct
 import subprocess
 
 import numpy as np
 
-from . import legit
+from . import ggml, legit
 from .diagnose import GGML_PRODUCTS, diagnose
 from .dumps import Dump, InputError, declared_weights, guarded, need_router_indices, own_weights, worst_position
 from .metrics import common_vocabulary, fmt, fsum, row_metrics
@@ -267,7 +268,64 @@ def where(port, replay, rows, first):
     return f"; {'first flip' if first[1].endswith('router_indices') else 'largest row error'} at {at}" if at else ""
 
 
-def report(args, port, replay, env, ref, rows, first, names):
+def step_checks(args, port, replay, env, rows):
+    """{tap name: ggml.check_tap's result}: each product tap (and the experts, the router MLP's act_fn taps)
+    recomputed from the port's own input to it as the replay's placement computes it (plain float32, or ggml's
+    arithmetic with +ggml: the input quantized per the weight's ggml type). Only for a float32 / fp32+ggml replay
+    with --model (the blob holds the weights); positions at a near-tie routing flip are left out after the
+    router, as in judge_layers. {} when it cannot run."""
+    prec = getattr(args, "precision", None) or replay.index.get("precision")
+    if not args.model or env is not None or (prec and not prec.startswith("fp32")):
+        return {}
+    try:
+        ctx = ggml.Ctx(port, args.model, prec)
+    except (OSError, ValueError, struct.error):
+        return {}
+    T = len(port.tokens or [])
+    out = {}
+    for layer, _, _, _, flips, near, layer_rows in rows:
+        for name, e, _, _, _ in layer_rows:
+            if e is None or name.split(".", 3)[3] not in ggml.STEPS:
+                continue
+            after = name.endswith(("mlp.experts", ":router_weight"))
+            res = ggml.check_tap(ctx, name, sorted(set(range(T)) - near) if after and near else None)
+            if res is not None:
+                out[name] = res
+    return out
+
+
+def first_departing(rows, steps):
+    """(first, passed): the first tap past its tolerance in execution order whose step check (when it has one) departs,
+    as judge_layers' first; passed: the taps past their tolerance whose step check agrees (legitimate arithmetic on the
+    port's own input to them: their inputs' error, amplified by e.g. ggml's requantization), not local errors."""
+    first, passed = None, []
+    for layer, _, _, _, _, _, layer_rows in rows:
+        for name, e, ee, gate, bad in layer_rows:
+            if not bad:
+                continue
+            if name in steps and not steps[name]["departs"]:
+                if first is None:
+                    passed.append((layer, name, e, gate))
+            elif first is None:
+                first = (layer, name, e, gate, ee)
+    return first, passed
+
+
+def print_steps(args, steps):
+    """The step check's lines (read by zaya_compare.portmap --steps): one per modelled tap."""
+    if not steps:
+        return
+    prec = getattr(args, "precision", None) or "fp32"
+    print(f"\nstep check (each product recomputed exactly from the port's own input to it, as the {prec} replay computes "
+          f"it;\nbound: float32 accumulation + 1 storage ulp, and the quantization steps a float32 rounding of an inner "
+          f"value may flip;\ndeparts: more than {legit.STEP_FRACTION:.1%} of the elements past it, or rms error / predicted "
+          f"sd > {legit.Z_LIMIT:g}):")
+    for name, r in steps.items():
+        print(f"  step {name:60s} {'departs' if r['departs'] else 'agrees'}  {r['past']}/{r['judged']} past the bound, "
+              f"largest {r['worst']:.3g}x at position {r['at']}, rms z {r['rms']:.3g} ({r['model']})")
+
+
+def report(args, port, replay, env, ref, rows, first, names, steps=None):
     """Prints the per-layer table and the verdict; returns the exit status (0 agrees, 1 a local error)."""
     T = len(port.tokens or [])
     print("\nper layer (local = the port's output of the layer vs zaya.c's recomputation from the port's input to it;"
@@ -289,6 +347,13 @@ def report(args, port, replay, env, ref, rows, first, names):
         for layer, _, _, _, _, _, layer_rows in rows:
             for name, e, ee, gate, bad in layer_rows:
                 print(f"  {name:60s} local {fmt(e):>9}  env {fmt(ee):>9}  tol {fmt(gate):>9}  {'OUT' if bad else 'ok'}")
+        print_steps(args, steps)
+    passed = getattr(args, "step_passed", [])
+    if passed:
+        print(f"\nnote: {len(passed)} tap(s) past their tolerance before any local error, each within its step check "
+              f"(recomputed from the port's own input to it as the replay's placement computes it: legitimate "
+              f"arithmetic amplifying its inputs' error): " + ", ".join(f"layer {la} {n.split('.', 3)[3]} {fmt(e)}"
+                                                                   for la, n, e, _ in passed[:6]))
     src = ((replay.index.get("model") or {}).get("provenance") or {}).get("source") or ""
     d = diagnose(rows, first, port, names, bf16_judged=env is not None,
                  gguf=src if src.lower().endswith(".gguf") else None)
@@ -625,8 +690,10 @@ def local_main(args):
     if computed:
         print(f"note: the port's dump has no :router_state for the layers before {computed}: their EDA input is zaya.c's")
     rows, first, names = judge_layers(args, port, replay, env, ref)
-    rc = report(args, port, replay, env, ref, rows, first, names)
-    write_json(args, layers_json("local", rc, first, rows))
+    steps = step_checks(args, port, replay, env, rows)
+    first, args.step_passed = first_departing(rows, steps)
+    rc = report(args, port, replay, env, ref, rows, first, names, steps)
+    write_json(args, dict(layers_json("local", rc, first, rows), step_check=steps))
     return rc
 
 

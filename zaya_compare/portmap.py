@@ -510,19 +510,25 @@ def approximate_report(port_dir, replay_dir, log=print):
 
 
 def step_summary(report_path, jump=3.0, log=print):
-    """From `compare.py --local --verbose`'s report: the taps that agree in every layer, and the steps whose
-    output's local error is `jump` times the largest of their inputs' (DEPS; an input the dump lacks is
-    replaced by its own inputs): where the port's computation adds error, as opposed to taps that only
-    inherit it. A hint beside the verdict, not a verdict."""
+    """From `compare.py --local --verbose`'s report: the taps that agree in every layer, and the steps that add
+    error: past their tolerance and, where the report has the step check (zaya_compare/ggml.py: the step
+    recomputed from the port's own input to it, as the replay's placement computes it), departing from it; for a
+    tap without the step check, a local error `jump` times the largest of their inputs' (DEPS; an input the dump
+    lacks is replaced by its own inputs). Where the port's computation adds error, as opposed to taps that only
+    inherit it (or, after ggml's requantization of an input that differs, amplify it). A hint beside the
+    verdict, not a verdict."""
     row = re.compile(r"^\s+model\.layers\.(\d+)[.:](\S+)\s+local\s+(\S+)\s+env\s+\S+\s+tol\s+(\S+)\s+(ok|OUT)$")
+    step = re.compile(r"^\s+step\s+model\.layers\.(\d+)[.:](\S+)\s+(agrees|departs)\s")
     try:
         with open(report_path) as f:
-            rows = [m.groups() for m in map(row.match, f) if m]
+            lines = f.readlines()
     except OSError as e:
         raise MapError(f"cannot read {report_path}: {e.strerror}")
+    rows = [m.groups() for m in map(row.match, lines) if m]
+    checked = {(int(m.group(1)), m.group(2)): m.group(3) for m in map(step.match, lines) if m}
     if not rows:
         raise MapError(f"{report_path}: no per-tap lines (run compare.py --local with --verbose)")
-    taps, layers, verdicts, adds = [], {}, {}, {}
+    taps, layers, verdicts, adds, amplified = [], {}, {}, {}, {}
     for layer, tap, e, tol, verdict in rows:
         if tap not in taps:
             taps.append(tap)
@@ -539,21 +545,34 @@ def step_summary(report_path, jump=3.0, log=print):
                 continue
             verdicts.setdefault(tap, []).append(verdict)
             src = max([inherited(d) for d in DEPS.get(tap, [])] or [0.0])
-            if verdict == "OUT" and e > jump * max(src, tol):
-                adds.setdefault(tap, []).append((layer, e / src if src > tol else None, e))
+            grows = e > jump * max(src, tol)
+            entry = (layer, e / src if src > tol else None, e)
+            if verdict == "OUT" and ((layer, tap) in checked and checked[(layer, tap)] == "departs"
+                                     or (layer, tap) not in checked and grows):
+                adds.setdefault(tap, []).append(entry)
+            elif verdict == "OUT" and grows:
+                amplified.setdefault(tap, []).append(entry)
     agree = [t for t in taps if verdicts.get(t) and all(v == "ok" for v in verdicts[t])]
+
+    def line(tap, ls):
+        grow = [g for _, g, _ in ls if g]
+        return (f"  {tap:40s} layers {' '.join(str(x) for x, _, _ in ls):12s} local error {min(e for _, _, e in ls):.2g}"
+                f"..{max(e for _, _, e in ls):.2g}" + (f", x{min(grow):.3g}..x{max(grow):.3g} its inputs'" if grow else
+                                                       ", its inputs agree"))
     log("\ntaps that agree in every layer: " + (", ".join(agree) if agree else "none"))
-    log(f"steps that add error (local error > {jump:g}x their inputs' and the tolerance; read the port's code there, "
-        f"later taps inherit it):")
+    log(f"steps that add error (past the tolerance, and departing from the step check where the report has it, else "
+        f"local error > {jump:g}x their inputs'; read the port's code there, later taps inherit it):")
     for tap in taps:
         if tap in adds:
-            ls = adds[tap]
-            grow = [g for _, g, _ in ls if g]
-            log(f"  {tap:40s} layers {' '.join(str(x) for x, _, _ in ls):12s} local error {min(e for _, _, e in ls):.2g}"
-                f"..{max(e for _, _, e in ls):.2g}" + (f", x{min(grow):.3g}..x{max(grow):.3g} its inputs'" if grow else
-                                                      ", its inputs agree"))
+            log(line(tap, adds[tap]))
     if not adds:
         log("  none")
+    if amplified:
+        log(f"steps whose error grows > {jump:g}x their inputs' while the step check agrees (the arithmetic on the port's "
+            f"own input, e.g. ggml's requantization of an input the steps before moved): not the port's code")
+        for tap in taps:
+            if tap in amplified:
+                log(line(tap, amplified[tap]))
 
 
 def globals_report(port_dir, ref_dir, log=print):
