@@ -122,6 +122,26 @@ typedef struct {
     float *x, *h, *qkv, *attn, *branch, *gate, *up, *cos_t, *sin_t, *keys, *values, *probs;
 } Scratch;
 
+/* The buffers of n patch rows (all or none: 0 when out of memory), and their release. */
+static int scratch_new(Scratch *s, const ZayaVisionConfig *c, int n) {
+    const int D = c->hidden_size, I = c->intermediate_size, hd = D / c->num_heads;
+    float **bufs[] = {&s->x, &s->h, &s->qkv, &s->attn, &s->branch, &s->gate, &s->up, &s->cos_t, &s->sin_t, &s->keys,
+                      &s->values, &s->probs};
+    const size_t lens[] = {(size_t)n * D, (size_t)n * D, (size_t)n * 3 * D, (size_t)n * D, (size_t)n * D,
+                           (size_t)n * (I > D ? I : D), (size_t)n * I, (size_t)n * hd, (size_t)n * hd, (size_t)n * D,
+                           (size_t)n * D, (size_t)c->num_heads * n};
+    int ok = 1;
+    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
+        ok = (*bufs[k] = ok ? calloc_lines(lens[k], sizeof(float)) : NULL) && ok;
+    return ok;
+}
+
+static void scratch_free(Scratch *s) {
+    float *bufs[] = {s->x, s->h, s->qkv, s->attn, s->branch, s->gate, s->up, s->cos_t, s->sin_t, s->keys, s->values,
+                     s->probs};
+    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) free(bufs[k]);
+}
+
 /* arch §V.5 HF Zaya1VLVisionAttention: qkv (one product, [q ; k ; v] per row), RoPE on q and k,
  * then each segment [seg[j], seg[j+1]) of rows attends within itself, unmasked (a window, or the
  * whole image on a full-attention block): softmax(q . k * head_dim^-0.5) . v, then proj.
@@ -227,20 +247,13 @@ int zaya_vision_encode(const ZayaVision *v, int threads, const float *pixels, in
     max_cols = max_cols > I ? max_cols : I;
     max_cols = max_cols > wide ? max_cols : wide;
     Scratch s;
-    float **bufs[] = {&s.x, &s.h, &s.qkv, &s.attn, &s.branch, &s.gate, &s.up, &s.cos_t, &s.sin_t, &s.keys, &s.values,
-                      &s.probs};
-    const size_t lens[] = {(size_t)n * D, (size_t)n * D, (size_t)n * 3 * D, (size_t)n * D, (size_t)n * D,
-                           (size_t)n * (I > D ? I : D), (size_t)n * I, (size_t)n * hd, (size_t)n * hd, (size_t)n * D,
-                           (size_t)n * D, (size_t)c->num_heads * n};
-    int ok = 1;
-    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
-        ok = (*bufs[k] = ok ? calloc_lines(lens[k], sizeof(float)) : NULL) && ok;
+    const int ok = scratch_new(&s, c, n);
     float *merged = calloc_lines((size_t)units * out + 1, sizeof(float));
     int *index = malloc(sizeof(int) * (size_t)units), *seg = malloc(sizeof(int) * ((size_t)units + 2));
     int *rows = malloc(sizeof(int) * ((size_t)units + 2));
     Kernels *kern = ok && merged && index && seg && rows ? kernels_new(threads, max_cols, VISION_ROWS) : NULL;
     if (!kern) {
-        for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) free(*bufs[k]);
+        scratch_free(&s);
         free(merged), free(index), free(seg), free(rows);
         return zaya_fail(err, errlen, "out of memory for the vision tower on a %d x %d patch grid", grid_h, grid_w);
     }
@@ -261,7 +274,7 @@ int zaya_vision_encode(const ZayaVision *v, int threads, const float *pixels, in
     tap(&r, "model.visual", features, units, out);
 
     kernels_free(kern);
-    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) free(*bufs[k]);
+    scratch_free(&s);
     free(merged), free(index), free(seg), free(rows);
     return 0;
 }
@@ -277,20 +290,13 @@ int zaya_vision_replay_block(const ZayaVision *v, int threads, int block, const 
                          "the tower and a grid of positive multiples of %d", block, c->depth, grid_h, grid_w, M);
     const int n = grid_h * grid_w, lh = grid_h / M, lw = grid_w / M, units = lh * lw;
     Scratch s;
-    float **bufs[] = {&s.x, &s.h, &s.qkv, &s.attn, &s.branch, &s.gate, &s.up, &s.cos_t, &s.sin_t, &s.keys, &s.values,
-                      &s.probs};
-    const size_t lens[] = {(size_t)n * D, (size_t)n * D, (size_t)n * 3 * D, (size_t)n * D, (size_t)n * D,
-                           (size_t)n * (I > D ? I : D), (size_t)n * I, (size_t)n * hd, (size_t)n * hd, (size_t)n * D,
-                           (size_t)n * D, (size_t)c->num_heads * n};
-    int ok = 1;
-    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++)
-        ok = (*bufs[k] = ok ? calloc_lines(lens[k], sizeof(float)) : NULL) && ok;
+    const int ok = scratch_new(&s, c, n);
     int *index = malloc(sizeof(int) * (size_t)units), *seg = malloc(sizeof(int) * ((size_t)units + 2));
     int *rows = malloc(sizeof(int) * ((size_t)units + 2));
     const int max_cols = D > I ? D : I;
     Kernels *kern = ok && index && seg && rows ? kernels_new(threads, max_cols, VISION_ROWS) : NULL;
     if (!kern) {
-        for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) free(*bufs[k]);
+        scratch_free(&s);
         free(index), free(seg), free(rows);
         return zaya_fail(err, errlen, "out of memory for the vision replay on a %d x %d patch grid", grid_h, grid_w);
     }
@@ -304,7 +310,7 @@ int zaya_vision_replay_block(const ZayaVision *v, int threads, int block, const 
     vision_block(&r, v, block, &s, is_full_attention(c, block) ? whole : rows,
                  is_full_attention(c, block) ? 1 : windows);                      /* §V.4-6 */
     kernels_free(kern);
-    for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) free(*bufs[k]);
+    scratch_free(&s);
     free(index), free(seg), free(rows);
     return 0;
 }
