@@ -1105,13 +1105,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
     else:
         if tokenizer is not None:
             fail("--tokenizer is for a GGUF input", tokenizer, hint="a checkpoint folder has its own tokenizer files")
-        if not os.path.isdir(ckpt):
-            fail("checkpoint folder not found", ckpt, "a folder", "a file" if os.path.exists(ckpt) else "nothing there",
-                 "give the folder that holds config.json and *.safetensors (or a .gguf file)")
-        cfg_path = os.path.join(ckpt, "config.json")
-        cfg = read_json(cfg_path, "config.json")
-        if not isinstance(cfg, dict):
-            fail("config.json is not a JSON object", cfg_path)
+        cfg, cfg_path = read_folder_config(ckpt, "*.safetensors (or a .gguf file)")
         where = open_checkpoint(ckpt)
         if mlx_weights.is_mlx(cfg, where):      # an MLX-saved folder: packed weights read as mx.dequantize gives them
             mlx_weights.use_helper(build_dequantizer(log, "the MLX folder", "ZAYA_MLX_PYTHON",
@@ -2155,16 +2149,22 @@ LAYOUT_TEXT = {"native": "native text layout", "legacy": "legacy text layout", "
                "vl-zyphra": LAYOUT_OF_NAME[1][1]}
 
 
-def dry_run(ckpt, log=print):
-    """Checks every tensor the exporter would read (name, shape, dtype) against config.json, listing every problem
-    grouped by kind; writes nothing. Returns the number of problems (0: the export would find every tensor)."""
+def read_folder_config(ckpt, holds):
+    """A checkpoint folder's config.json as a dict (-> cfg, its path); fails with a hint naming what the folder holds."""
     if not os.path.isdir(ckpt):
         fail("checkpoint folder not found", ckpt, "a folder", "a file" if os.path.exists(ckpt) else "nothing there",
-             "give the folder that holds config.json and the safetensors index or shards")
+             f"give the folder that holds config.json and {holds}")
     cfg_path = os.path.join(ckpt, "config.json")
     cfg = read_json(cfg_path, "config.json")
     if not isinstance(cfg, dict):
         fail("config.json is not a JSON object", cfg_path)
+    return cfg, cfg_path
+
+
+def dry_run(ckpt, log=print):
+    """Checks every tensor the exporter would read (name, shape, dtype) against config.json, listing every problem
+    grouped by kind; writes nothing. Returns the number of problems (0: the export would find every tensor)."""
+    cfg, cfg_path = read_folder_config(ckpt, "the safetensors index or shards")
     tensors, read_what = dry_run_tensors(ckpt)
     quant = next((k for k in ("quantization_config", "quantization") if cfg.get(k) is not None), None)
     if quant or any(n.startswith("language_model.model.") for n in tensors):
