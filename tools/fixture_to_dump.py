@@ -545,33 +545,30 @@ def main(argv):
     if len(argv) != 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
-    taps = os.path.join(argv[0], "taps")
-    if os.path.isdir(taps) and any(f.startswith("model.language_model.") for f in os.listdir(taps)):
-        try:
-            n, unmapped = vl_to_dump(argv[0], argv[1])
-        except InputError as e:
-            print(f"fixture_to_dump.py: {e}", file=sys.stderr)
-            return 2
-        except OSError as e:
-            print(f"fixture_to_dump.py: {e.filename}: {e.strerror}", file=sys.stderr)
-            return 2
-        print(f"wrote {argv[1]}: {n} tensors (ZAYA1-VL golden, official module paths of the tower, decoder renamed "
-              f"model.language_model.X -> model.X); unmapped taps: {len(unmapped)}")
-        return 0
     try:
-        conv = Converter(argv[0])
-        conv.convert()
-        n = conv.write(argv[1])
+        print(convert(argv[0], argv[1]))
     except InputError as e:
         print(f"fixture_to_dump.py: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"fixture_to_dump.py: {e.filename}: {e.strerror}", file=sys.stderr)
         return 2
-    print(f"wrote {argv[1]}: {n} tensors ({conv.kind}: {conv.layout} layout, {conv.precision}, "
-          f"{'token by token, ' if conv.decode else ''}{conv.L} layers, {conv.T} positions, "
-          f"skip_expert {'zero' if conv.layout == 'native' else 'passthrough'}); unmapped taps: {len(conv.unmapped)}")
     return 0
+
+
+def convert(src, out):
+    """The fixture folder src as a dump in out; -> the line that says what was written."""
+    taps = os.path.join(src, "taps")
+    if os.path.isdir(taps) and any(f.startswith("model.language_model.") for f in os.listdir(taps)):
+        n, unmapped = vl_to_dump(src, out)
+        return (f"wrote {out}: {n} tensors (ZAYA1-VL golden, official module paths of the tower, decoder renamed "
+                f"model.language_model.X -> model.X); unmapped taps: {len(unmapped)}")
+    conv = Converter(src)
+    conv.convert()
+    n = conv.write(out)
+    return (f"wrote {out}: {n} tensors ({conv.kind}: {conv.layout} layout, {conv.precision}, "
+            f"{'token by token, ' if conv.decode else ''}{conv.L} layers, {conv.T} positions, "
+            f"skip_expert {'zero' if conv.layout == 'native' else 'passthrough'}); unmapped taps: {len(conv.unmapped)}")
 
 
 if __name__ == "__main__":
