@@ -32,7 +32,8 @@ static void tap(const Run *r, const char *name, const float *x, int rows, int co
 }
 
 static float silu(float x) { return x / (1.0f + zaya_expf(-x)); }
-static float gelu(float x) { return x * 0.5f * (1.0f + zaya_erff(x * 0.70710678118654752440f)); }   /* exact (erf) GELU */
+/* exact (erf) GELU */
+static float gelu(float x) { return x * 0.5f * (1.0f + zaya_erff(x * 0.70710678118654752440f)); }
 
 /* HF nn.Linear on n rows: y = W x (+ bias). [n, W.cols] -> [n, W.rows] */
 static void linear(const Run *r, const char *name, float *y, const ZayaMatrix *w, const float *bias, const float *x,
@@ -303,7 +304,8 @@ int zaya_vision_replay_block(const ZayaVision *v, int threads, int block, const 
     const Run r = {c, kern, tapfn, tap_ctx, n}, quiet = {c, kern, NULL, NULL, n};
     const int windows = window_index(c, lh, lw, index, seg);                      /* §V.2 */
     for (int k = 0; k < units; k++)   /* the block's input in window order (block 0: the patch embedding's) */
-        memcpy(s.x + (size_t)k * U * D, x + (size_t)(image_order ? index[k] : k) * U * D, sizeof(float) * (size_t)U * D);
+        memcpy(s.x + (size_t)k * U * D, x + (size_t)(image_order ? index[k] : k) * U * D,
+               sizeof(float) * (size_t)U * D);
     rotary(&quiet, index, lh, lw, s.cos_t, s.sin_t);                              /* §V.3 */
     for (int j = 0; j <= windows; j++) rows[j] = seg[j] * U;
     const int whole[2] = {0, n};

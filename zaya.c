@@ -816,8 +816,8 @@ int zaya_parse_precision(const char *text, int *precision, int *placement, char 
         return zaya_fail(err, errlen, "bad precision \"%s\"\n  expected: fp32 (default), bf16 (the official code "
                          "loaded in bfloat16), bf16-torch1.13 (the same with torch 1.13's rounding, as the fixtures "
                          "were made), a bf16 one followed by placements: bf16+fp32-residual+fp32-norm (vLLM), "
-                         "+fp32-logits (docs/bf16.md), or fp32+ggml (+ggml-conv, +ggml-gelu, +ggml-kv-f16, +ggml-fa: ggml's CPU "
-                         "arithmetic, docs/compare.md 9)", text);
+                         "+fp32-logits (docs/bf16.md), or fp32+ggml (+ggml-conv, +ggml-gelu, +ggml-kv-f16, +ggml-fa: "
+                         "ggml's CPU arithmetic, docs/compare.md 9)", text);
     for (const char *p = plus; p; p = strchr(p + 1, '+')) {
         const char *end = strchr(p + 1, '+');
         const size_t len = end ? (size_t)(end - p - 1) : strlen(p + 1);

@@ -265,7 +265,8 @@ int zaya_forward(const ZayaModel *m, ZayaState *s, const int *tokens, int n, cha
  * layer is out of range, the context would overflow, or the precision is refused as by zaya_forward.
  * ZAYA1-VL: with s->image_mask set, the positions it marks are image positions (the vision LoRA, and the
  * bidirectional image mask among them: they must all fall in one batch of s->capacity positions). */
-int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *r, float *rho, int n, char *err, size_t errlen);
+int zaya_replay_layer(const ZayaModel *m, ZayaState *s, int layer, const float *r, float *rho, int n, char *err,
+                      size_t errlen);
 
 /* The input of layer 0 for n token ids: the embedding and the input scaling (arch §3.1, HF
  * ZayaModel before the layers) into r [n, H], with their taps; s->pos and the caches are left as they
