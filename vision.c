@@ -60,9 +60,28 @@ static void rmsnorm(const Run *r, const char *name, float *out, const float *x, 
 }
 
 /* arch §V.1 HF Qwen2_5_VisionPatchEmbed: a Conv3d with kernel = stride = [T, P, P] and no bias, i.e.
- * one product per patch of its C*T*P*P values. [n, C*T*P*P] -> [n, D] */
-static void patch_embed(const Run *r, const ZayaVision *v, const float *pixels, float *x) {
-    linear(r, "model.visual.patch_embed", x, &v->patch_embed, NULL, pixels, r->n);
+ * one product per patch of its C*T*P*P values (stored c, t, y, x), summed as torch's CPU Conv3d sums it
+ * (oneDNN's direct convolution): one float32 multiply-add chain per output over (t, y, x, c), the official
+ * float32 run's bits. w: a row's scratch [C*T*P*P]. [n, C*T*P*P] -> [n, D] */
+static void patch_embed(const Run *r, const ZayaVision *v, const float *pixels, float *x, float *w) {
+    const int C = r->c->in_channels, T = r->c->temporal_patch_size, P = r->c->patch_size;
+    const int K = v->patch_embed.cols, D = v->patch_embed.rows;
+    for (int o = 0; o < D; o++) {
+        matrix_row(&v->patch_embed, o, w);
+        for (int t = 0; t < r->n; t++) {
+            const float *p = pixels + (size_t)t * K;
+            float acc = 0.0f;
+            for (int tt = 0; tt < T; tt++)
+                for (int y = 0; y < P; y++)
+                    for (int xx = 0; xx < P; xx++)
+                        for (int ch = 0; ch < C; ch++) {
+                            const int i = ((ch * T + tt) * P + y) * P + xx;
+                            acc = fmaf(w[i], p[i], acc);
+                        }
+            x[(size_t)t * D + o] = acc;
+        }
+    }
+    tap(r, "model.visual.patch_embed", x, r->n, D);
 }
 
 /* arch §V.2 HF Zaya1VLVisionModel.get_window_index: the merged patches (units of M x M patches,
@@ -252,15 +271,16 @@ int zaya_vision_encode(const ZayaVision *v, int threads, const float *pixels, in
     float *merged = calloc_lines((size_t)units * out + 1, sizeof(float));
     int *index = malloc(sizeof(int) * (size_t)units), *seg = malloc(sizeof(int) * ((size_t)units + 2));
     int *rows = malloc(sizeof(int) * ((size_t)units + 2));
-    Kernels *kern = ok && merged && index && seg && rows ? kernels_new(threads, max_cols, VISION_ROWS) : NULL;
+    float *wrow = malloc(sizeof(float) * (size_t)pin);
+    Kernels *kern = ok && merged && index && seg && rows && wrow ? kernels_new(threads, max_cols, VISION_ROWS) : NULL;
     if (!kern) {
         scratch_free(&s);
-        free(merged), free(index), free(seg), free(rows);
+        free(merged), free(index), free(seg), free(rows), free(wrow);
         return zaya_fail(err, errlen, "out of memory for the vision tower on a %d x %d patch grid", grid_h, grid_w);
     }
     const Run r = {c, kern, tapfn, tap_ctx, n};
 
-    patch_embed(&r, v, pixels, s.h);                                              /* §V.1 -> [n, D] image order */
+    patch_embed(&r, v, pixels, s.h, wrow);                                        /* §V.1 -> [n, D] image order */
     const int windows = window_index(c, lh, lw, index, seg);                      /* §V.2 */
     for (int k = 0; k < units; k++)                                               /* rows into window order */
         memcpy(s.x + (size_t)k * U * D, s.h + (size_t)index[k] * U * D, sizeof(float) * (size_t)U * D);
@@ -276,7 +296,7 @@ int zaya_vision_encode(const ZayaVision *v, int threads, const float *pixels, in
 
     kernels_free(kern);
     scratch_free(&s);
-    free(merged), free(index), free(seg), free(rows);
+    free(merged), free(index), free(seg), free(rows), free(wrow);
     return 0;
 }
 

@@ -91,6 +91,10 @@ def main():
                     continue
                 rel = float(np.linalg.norm(got - want.ravel()) / max(np.linalg.norm(want), 1e-30))
                 compared += 1
+                if name == "model.visual.patch_embed":   # summed in the order of torch's CPU Conv3d (arch §V.1)
+                    n_diff = int((got.astype(np.float32) != want.ravel().astype(np.float32)).sum())
+                    check(n_diff == 0, f"{case}: {name} bit-identical to the official float32 run",
+                          f"{n_diff} of {got.size} values differ (hint: the (t, y, x, c) multiply-add chain)")
                 check(rel <= LIMIT, f"{case}: {name} within rel L2 {LIMIT:g}",
                       f"rel L2 {rel:.3g} (first differing tap in execution order points at the step)")
                 worst = max(worst, (rel, name))
