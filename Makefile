@@ -13,10 +13,10 @@ WARN     = -std=c11 -Wall -Wextra -Werror -Wno-unknown-pragmas
 WARN    += -ffp-contract=off
 COMMIT  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DEFS     = -DZAYA_COMMIT=\"$(COMMIT)\"
-LIB      = zaya.c blob.c kernels.c ggml_round.c tokenizer.c trace.c zmath.c vision.c image.c
+LIB      = zaya.c blob.c kernels.c ggml_round.c tokenizer.c trace.c zmath.c torch_cpu.c vision.c image.c
 CLI      = dump.c kld.c replay.c
 SRC      = $(LIB) $(CLI) main.c
-HDR      = zaya.h tensor.h kernels.h ggml_round.h tokenizer.h trace.h dump.h kld.h replay.h zmath.h vision.h image.h
+HDR      = zaya.h tensor.h kernels.h ggml_round.h tokenizer.h trace.h dump.h kld.h replay.h zmath.h torch_cpu.h vision.h image.h
 LIBS     = -pthread -lm
 # compare.py and the tests need numpy: PYTHON is the first of python3, /usr/bin/python3 that imports it
 NUMPY_HINT = compare.py needs numpy: apt-get install python3-numpy (tried python3 and /usr/bin/python3; or make PYTHON=...)
@@ -67,9 +67,14 @@ build/test_bf16_steps: test/test_bf16_steps.c $(LIB) $(HDR)
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_bf16_steps.c $(filter-out zaya.c,$(LIB)) $(LIBS)
 
 # test/test_vision.c: vision.c's tower on raw float32 inputs, every tap written out (test/test_vision.py)
-build/test_vision: test/test_vision.c vision.c vision.h kernels.c kernels.h ggml_round.c ggml_round.h tensor.h zmath.c zmath.h
+build/test_vision: test/test_vision.c vision.c vision.h kernels.c kernels.h ggml_round.c ggml_round.h tensor.h zmath.c zmath.h torch_cpu.c torch_cpu.h
 	mkdir -p build
-	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_vision.c vision.c kernels.c ggml_round.c zmath.c $(LIBS)
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_vision.c vision.c kernels.c ggml_round.c zmath.c torch_cpu.c $(LIBS)
+
+# test/test_torch_cpu.c: torch_cpu.c and matmul_chain on raw float32 inputs (test/test_torch_cpu.py)
+build/test_torch_cpu: test/test_torch_cpu.c kernels.c kernels.h ggml_round.c ggml_round.h tensor.h zmath.c zmath.h torch_cpu.c torch_cpu.h
+	mkdir -p build
+	$(CC) $(CFLAGS) $(WARN) -I. -o $@ test/test_torch_cpu.c kernels.c ggml_round.c zmath.c torch_cpu.c $(LIBS)
 
 # test/test_image.c: image.c's PNG/PPM decoding and the processor's preprocessing on one file (test/test_vl.py)
 build/test_image: test/test_image.c image.c image.h vision.h tensor.h
@@ -86,7 +91,7 @@ build/matmul_rate: bench/matmul_rate.c bench/read_sum.h $(LIB) $(HDR)
 	mkdir -p build
 	$(CC) $(CFLAGS) $(WARN) -I. -o $@ bench/matmul_rate.c $(LIB) $(LIBS)
 
-test: zaya zaya_debug build/test_kernels build/test_zmath build/test_ggml_round build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps build/test_vision build/test_image
+test: zaya zaya_debug build/test_kernels build/test_zmath build/test_ggml_round build/test_sample build/decode_vs_read build/matmul_rate build/test_decode build/test_bf16_steps build/test_vision build/test_image build/test_torch_cpu
 	@$(PYTHON) -c 'import numpy' 2>/dev/null || { echo "make test: $(NUMPY_HINT)" >&2; exit 1; }
 	$(PYTHON) test/run_tests.py --fixtures $(FIXTURES)
 

@@ -19,6 +19,7 @@
 #define _GNU_SOURCE   /* sched_getaffinity, madvise(MADV_HUGEPAGE) */
 #include "kernels.h"
 #include "ggml_round.h"
+#include "torch_cpu.h"
 #include "zmath.h"
 
 #include <math.h>
@@ -204,7 +205,21 @@ static float matrix_at(const ZayaMatrix *m, int row, int i) {
 }
 
 void matrix_row(const ZayaMatrix *m, int row, float *out) {
-    for (int i = 0; i < m->cols; i++) out[i] = matrix_at(m, row, i);
+    if (m->dtype != ZAYA_Q8 || m->cols % m->group_size) {
+        for (int i = 0; i < m->cols; i++) out[i] = matrix_at(m, row, i);
+        return;
+    }
+    /* int8: matrix_at's values with zaya_q8_position's permutation walked block by block (no division) */
+    const int G = m->group_size, block = 8 * G, whole = G % 2 ? 0 : m->cols / block * block;
+    int pitch;
+    const int8_t *w = q8_row(m, row, &pitch);
+    const float *scale = m->scales + (size_t)row * (size_t)(m->cols / G);
+    for (int b0 = 0; b0 < whole; b0 += block)
+        for (int k = 0; k < 8; k++)
+            for (int j = 0; j < G; j++)
+                out[b0 + k * G + j] = q8_at(w, (size_t)b0 + (size_t)(j / 2) * 16 + 2 * k + j % 2, pitch)
+                                      * scale[(b0 + k * G) / G];
+    for (int i = whole; i < m->cols; i++) out[i] = q8_at(w, (size_t)i, pitch) * scale[i / G];
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1185,6 +1200,135 @@ void matmul_grouped_ref(float *y, int ys, const ZayaMatrix *w, int groups, const
 
 void matmul_ref(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n) {
     matmul_grouped_ref(y, ys, w, 1, x, xs, n);
+}
+
+/* matmul_chain: Y[t][o] as torch's CPU nn.Linear sums it (kernels.h): blocks of k (torch_k_block), each a
+ * float32 fused multiply-add chain from 0, added in order to the bias. The fast form takes CHAIN_OUTS outputs at once, their rows
+ * widened and transposed ([k][CHAIN_OUTS]), and CHAIN_ROWS tokens of them: each lane is still its own
+ * chain in k order, so the bits are matmul_chain_ref's. Pieces are panels of outputs. */
+#define CHAIN_OUTS 16
+#define CHAIN_ROWS 8
+typedef struct {
+    float *y, *buf;   /* buf: 2 * CHAIN_OUTS * cols floats per piece */
+    int ys, n, xs, per;
+    const ZayaMatrix *w;
+    const float *bias, *x;
+} ChainJob;
+
+/* acc[r][o] = fma chain over k0 <= k < k1 of x[r * xs + k] * wt[k * CHAIN_OUTS + o], for r < tn, from 0: each
+ * lane its own chain in k order, so the SIMD forms give the plain loop's bits */
+static void chain_tile(float acc[CHAIN_ROWS][CHAIN_OUTS], const float *x, size_t xs, int tn, const float *wt, int k0,
+                       int k1) {
+    int r0 = 0;
+#if defined(__AVX512F__)
+    if (tn == CHAIN_ROWS) {
+        __m512 a[CHAIN_ROWS];
+        for (int r = 0; r < CHAIN_ROWS; r++) a[r] = _mm512_setzero_ps();
+        for (int k = k0; k < k1; k++) {
+            const __m512 w = _mm512_loadu_ps(wt + (size_t)k * CHAIN_OUTS);
+            for (int r = 0; r < CHAIN_ROWS; r++) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * xs + k]), w, a[r]);
+        }
+        for (int r = 0; r < CHAIN_ROWS; r++) _mm512_storeu_ps(acc[r], a[r]);
+        r0 = CHAIN_ROWS;
+    }
+#elif AVX2_ONLY
+    for (; r0 + 4 <= tn; r0 += 4) {   /* 4 rows of two 8-lane halves: 8 accumulators */
+        __m256 a[4][2];
+        for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+        for (int k = k0; k < k1; k++) {
+            const __m256 w0 = _mm256_loadu_ps(wt + (size_t)k * CHAIN_OUTS), w1 = _mm256_loadu_ps(wt + (size_t)k * CHAIN_OUTS + 8);
+            for (int r = 0; r < 4; r++) {
+                const __m256 xv = _mm256_set1_ps(x[(r0 + r) * xs + k]);
+                a[r][0] = _mm256_fmadd_ps(xv, w0, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(xv, w1, a[r][1]);
+            }
+        }
+        for (int r = 0; r < 4; r++) _mm256_storeu_ps(acc[r0 + r], a[r][0]), _mm256_storeu_ps(acc[r0 + r] + 8, a[r][1]);
+    }
+#elif NEON
+    for (; r0 + 4 <= tn; r0 += 4) {   /* 4 rows of four 4-lane quarters: 16 accumulators */
+        float32x4_t a[4][4];
+        for (int r = 0; r < 4; r++)
+            for (int q = 0; q < 4; q++) a[r][q] = vdupq_n_f32(0.0f);
+        for (int k = k0; k < k1; k++) {
+            float32x4_t w[4];
+            for (int q = 0; q < 4; q++) w[q] = vld1q_f32(wt + (size_t)k * CHAIN_OUTS + 4 * q);
+            for (int r = 0; r < 4; r++) {
+                const float32x4_t xv = vdupq_n_f32(x[(r0 + r) * xs + k]);
+                for (int q = 0; q < 4; q++) a[r][q] = vfmaq_f32(a[r][q], xv, w[q]);
+            }
+        }
+        for (int r = 0; r < 4; r++)
+            for (int q = 0; q < 4; q++) vst1q_f32(acc[r0 + r] + 4 * q, a[r][q]);
+    }
+#endif
+    for (int r = r0; r < tn; r++) {   /* the plain loop: the rows left (all of them without SIMD) */
+        for (int o = 0; o < CHAIN_OUTS; o++) acc[r][o] = 0.0f;
+        for (int k = k0; k < k1; k++)
+            for (int o = 0; o < CHAIN_OUTS; o++) acc[r][o] = fmaf(x[r * xs + k], wt[(size_t)k * CHAIN_OUTS + o], acc[r][o]);
+    }
+}
+
+static void chain_piece(void *ctx, int piece) {
+    const ChainJob *j = ctx;
+    const int K = j->w->cols, block = torch_k_block(K);
+    float bias[CHAIN_OUTS] = {0};
+    float *rows = j->buf + (size_t)piece * K * CHAIN_OUTS * 2, *wt = rows + (size_t)K * CHAIN_OUTS;
+    for (int o0 = piece * j->per * CHAIN_OUTS; o0 < j->w->rows && o0 < (piece + 1) * j->per * CHAIN_OUTS;
+         o0 += CHAIN_OUTS) {
+        const int outs = j->w->rows - o0 < CHAIN_OUTS ? j->w->rows - o0 : CHAIN_OUTS;
+        memset(wt, 0, sizeof(float) * (size_t)K * CHAIN_OUTS);
+        for (int o = 0; o < outs; o++) bias[o] = j->bias ? j->bias[o0 + o] : 0.0f;
+        for (int o = 0; o < outs; o++) matrix_row(j->w, o0 + o, rows + (size_t)o * K);
+        for (int o = 0; o < outs; o++)
+            for (int k = 0; k < K; k++) wt[(size_t)k * CHAIN_OUTS + o] = rows[(size_t)o * K + k];
+        for (int t0 = 0; t0 < j->n; t0 += CHAIN_ROWS) {
+            const int tn = j->n - t0 < CHAIN_ROWS ? j->n - t0 : CHAIN_ROWS;
+            float sum[CHAIN_ROWS][CHAIN_OUTS];
+            const float *x = j->x + (size_t)t0 * j->xs;
+            for (int k0 = 0; k0 < K; k0 += block) {
+                const int k1 = k0 + block < K ? k0 + block : K;
+                float acc[CHAIN_ROWS][CHAIN_OUTS];
+                chain_tile(acc, x, (size_t)j->xs, tn, wt, k0, k1);
+                for (int r = 0; r < tn; r++)
+                    for (int o = 0; o < CHAIN_OUTS; o++)
+                        sum[r][o] = k0 > 0 ? sum[r][o] + acc[r][o] : j->bias ? bias[o] + acc[r][o] : acc[r][o];
+            }
+            for (int r = 0; r < tn; r++)
+                memcpy(j->y + (size_t)(t0 + r) * j->ys + o0, sum[r], sizeof(float) * (size_t)outs);
+        }
+    }
+}
+
+void matmul_chain(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *bias, const float *x, int xs, int n) {
+    const int panels = (w->rows + CHAIN_OUTS - 1) / CHAIN_OUTS;
+    const size_t work = (size_t)w->rows * (size_t)w->cols * (size_t)n;
+    const int threads = work >= PARALLEL_MIN_WORK ? k->pool.threads : 1;
+    int pieces = threads * PIECES_PER_THREAD < panels ? threads * PIECES_PER_THREAD : panels;
+    const int per = (panels + pieces - 1) / pieces;
+    pieces = (panels + per - 1) / per;
+    float *buf = malloc(sizeof(float) * (size_t)w->cols * CHAIN_OUTS * 2 * (size_t)pieces);
+    if (!buf) {   /* out of memory for the widened rows: the plain loops give the same bits */
+        matmul_chain_ref(y, ys, w, bias, x, xs, n);
+        return;
+    }
+    ChainJob j = {y, buf, ys, n, xs, per, w, bias, x};
+    pool_run(&k->pool, chain_piece, &j, pieces);
+    free(buf);
+}
+
+void matmul_chain_ref(float *y, int ys, const ZayaMatrix *w, const float *bias, const float *x, int xs, int n) {
+    for (int t = 0; t < n; t++)
+        for (int o = 0; o < w->rows; o++) {
+            float sum = 0.0f;
+            for (int k0 = 0; k0 < w->cols; k0 += torch_k_block(w->cols)) {
+                float acc = 0.0f;
+                for (int i = k0; i < w->cols && i < k0 + torch_k_block(w->cols); i++)
+                    acc = fmaf(x[(size_t)t * xs + i], matrix_at(w, o, i), acc);
+                sum = k0 > 0 ? sum + acc : bias ? bias[o] + acc : acc;
+            }
+            y[(size_t)t * ys + o] = sum;
+        }
 }
 
 /* ---------------------------------------------------------------------------------------------

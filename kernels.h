@@ -28,6 +28,12 @@ void kernels_pool_report(const Kernels *k, char *line, size_t len);
 void matmul(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n);
 /* The same with float activations and plain loops (int8 weights dequantized). */
 void matmul_ref(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, int n);
+/* Y[t][o] = bias[o] + W[o] . X[t] summed as torch's CPU nn.Linear sums a float32 product (MKL's sgemm on one
+ * thread: the bias, then each block of k (torch_cpu.h's torch_k_block) added in order): the vision tower's
+ * products, the official float32 run's bits when its inputs are (4+ rows, 12+ outputs). bias: NULL for none.
+ * Any weight dtype (widened to float32). The same bits for any thread count; matmul_chain_ref: plain loops. */
+void matmul_chain(Kernels *k, float *y, int ys, const ZayaMatrix *w, const float *bias, const float *x, int xs, int n);
+void matmul_chain_ref(float *y, int ys, const ZayaMatrix *w, const float *bias, const float *x, int xs, int n);
 /* Several products of the same input X (n tokens, W_i->cols the same): Y_i[t] = W_i . X[t], Y_i's
  * rows ys_i apart. The same bits as one matmul() per product (its reference: matmul_ref on each);
  * one job for the threads, and for int8 weights of one format the input quantized once for all. */

@@ -56,6 +56,7 @@ TESTS = [
     ("zmath", ["build/test_zmath", "test/test_zmath.c"]),
     ("arm", [sys.executable, "test/test_arm.py"]),
     ("vision", [sys.executable, "test/test_vision.py"]),
+    ("torch_cpu", [sys.executable, "test/test_torch_cpu.py"]),
     ("vl", [sys.executable, "test/test_vl.py"]),
     ("vl_export", [sys.executable, "test/test_vl_export.py"]),
     ("vl_tools", [sys.executable, "test/test_vl_tools.py"]),

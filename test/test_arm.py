@@ -31,7 +31,7 @@ from test_dims import small_tokenizer  # noqa: E402
 from test_simd import BLOBS, CONFIGS, IDS, same_bits  # noqa: E402
 
 CROSS, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", "/usr/aarch64-linux-gnu"
-SRC = ["zaya.c", "blob.c", "kernels.c", "ggml_round.c", "tokenizer.c", "trace.c", "zmath.c", "vision.c", "image.c", "dump.c", "kld.c", "replay.c", "main.c"]
+SRC = ["zaya.c", "blob.c", "kernels.c", "ggml_round.c", "tokenizer.c", "trace.c", "zmath.c", "torch_cpu.c", "vision.c", "image.c", "dump.c", "kld.c", "replay.c", "main.c"]
 FLAGS = ["-O3", "-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", "-ffp-contract=off",
          '-DZAYA_COMMIT="arm-test"']
 ARM = [("arm64 NEON+dotprod", ["-march=armv8.2-a+dotprod"]), ("arm64 NEON", ["-march=armv8-a"]),
@@ -83,7 +83,7 @@ def test(tmp):
     zm_arm, zm_x86 = os.path.join(tmp, "test_zmath_arm"), os.path.join(tmp, "test_zmath_x86")
     tk = os.path.join(tmp, "test_kernels_arm")
     jobs.append(("test_kernels for arm64 NEON+dotprod", [CROSS, *FLAGS, "-march=armv8.2-a+dotprod", "-I.", "-o", tk,
-                                                          "test/test_kernels.c", *SRC[:9], "-pthread", "-lm"]))
+                                                          "test/test_kernels.c", *SRC[:10], "-pthread", "-lm"]))
     zm = ["-I.", "test/test_zmath.c", "zmath.c", "-lm"]
     jobs.append(("test_zmath for arm64", [CROSS, *FLAGS, "-march=armv8.2-a+dotprod", "-o", zm_arm, *zm]))
     jobs.append(("test_zmath for x86-64", ["cc", *FLAGS, "-march=native", "-o", zm_x86, *zm]))

@@ -790,7 +790,7 @@ export_fails("output path under a regular file", CKPT, ["cannot write", "hint"],
 vg = shutil.which("valgrind")
 if check(vg is not None, "valgrind is installed", "install it (apt-get install valgrind; .ci/run does)"):
     exe = os.path.join(BUILD, "zaya_valgrind")
-    rc, _, err = run(["cc", "-O3", "-std=c11", "-DZAYA_COMMIT=\"valgrind\"", "-o", exe, "zaya.c", "blob.c", "kernels.c", "ggml_round.c", "tokenizer.c", "trace.c", "zmath.c", "vision.c", "image.c", "dump.c", "kld.c", "replay.c", "main.c",
+    rc, _, err = run(["cc", "-O3", "-std=c11", "-DZAYA_COMMIT=\"valgrind\"", "-o", exe, "zaya.c", "blob.c", "kernels.c", "ggml_round.c", "tokenizer.c", "trace.c", "zmath.c", "torch_cpu.c", "vision.c", "image.c", "dump.c", "kld.c", "replay.c", "main.c",
               "-pthread", "-lm"])
     if check(rc == 0, "build the release build without -march=native for valgrind", err[-500:]):
         for label, args in (("ids", ["--ids", "2,818,3823", "-n", "4", "-t", "0.8", "-s", "3", "--print-ids"]),

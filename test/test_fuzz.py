@@ -55,7 +55,7 @@ rc, _, err = run([sys.executable, os.path.join(FUZZ, "make_seeds.py"), seeds])
 check(rc == 0, "make_seeds.py writes the tiny seed blobs", err[-500:])
 for flavour, extra in (("portable", []), ("native", ["-march=native"])):
     exe = os.path.join(BUILD, f"replay_blob_{flavour}")
-    rc, _, err = run([cc, *SAN, *extra, "-o", exe, "test/fuzz/replay.c", "test/fuzz/fuzz_blob.c", "zaya.c", "blob.c", "kernels.c", "ggml_round.c", "tokenizer.c", "zmath.c", "vision.c", "image.c", "-pthread", "-lm"])
+    rc, _, err = run([cc, *SAN, *extra, "-o", exe, "test/fuzz/replay.c", "test/fuzz/fuzz_blob.c", "zaya.c", "blob.c", "kernels.c", "ggml_round.c", "tokenizer.c", "zmath.c", "torch_cpu.c", "vision.c", "image.c", "-pthread", "-lm"])
     if check(rc == 0, f"build the fuzz_blob replay ({flavour}, gcc + ASan/UBSan)", err[-800:]):
         replay(f"fuzz_blob replay ({flavour}) of the regressions and seeds", exe, inputs("fuzz_blob") + [seeds])
 

@@ -17,6 +17,9 @@
  * (rel L2 <= 1e-5), gives the same bits for 1-3 threads and 1 or 9 tokens a call, and the same bits
  * as the fast kernel on the float32 matrix of the dequantized values (and on its bf16 form where
  * every value is a bf16 number); a slice of rows (one expert) gives the rows of the whole.
+ * matmul_chain (torch's summation order, the vision tower) against matmul_chain_ref: the same bits, with and
+ * without a bias, for 1-3 threads, k in one block, two halves and many, fp32, bf16 and int8 rows (plain and
+ * interleaved: matrix_row's int8 walk gives matrix_at's values).
  * Prints PASS/FAIL lines.
  */
 #include "kernels.h"
@@ -96,6 +99,10 @@ static void matmul_case(int dtype, int rows, int cols, int group) {
         same = same && !memcmp(y, y2, (size_t)TOKENS * rows * sizeof(float));
     }
     check(same, "the same bits for 1-3 threads and 1 or 9 tokens a call", label);
+    float *yc = malloc((size_t)TOKENS * rows * sizeof(float)), *ycr = malloc((size_t)TOKENS * rows * sizeof(float));
+    matmul_chain(pools[2], yc, rows, &m, NULL, x, cols, TOKENS);   /* rows widened by matrix_row (int8: its fast walk) */
+    matmul_chain_ref(ycr, rows, &m, NULL, x, cols, TOKENS);        /* values from matrix_at */
+    check(!memcmp(yc, ycr, (size_t)TOKENS * rows * sizeof(float)), "matmul_chain: matmul_chain_ref's bits", label);
 
     const int RI = ZAYA_Q8_INTERLEAVE;
     if (dtype == ZAYA_Q8 && cols % 64 == 0 && rows >= RI) {   /* interleaved rows (ZayaMatrix.interleaved_rows) */
@@ -113,10 +120,13 @@ static void matmul_case(int dtype, int rows, int cols, int group) {
         matmul_ref(y2, rows, &mp, x, cols, 1);
         same = same && !memcmp(yr, y2, (size_t)rows * sizeof(float));
         check(same, "interleaved rows give the same bits (fast and reference)", label);
+        matmul_chain(pools[2], y2, rows, &mp, NULL, x, cols, TOKENS);
+        check(!memcmp(yc, y2, (size_t)TOKENS * rows * sizeof(float)), "matmul_chain: interleaved rows, the same bits",
+              label);
         free(p);
     }
     if (data != wf) free(data);
-    free(wf); free(x); free(y); free(y2); free(yr); free(scales);
+    free(wf); free(x); free(y); free(y2); free(yr); free(scales); free(yc); free(ycr);
 }
 
 /* attention of the query at `pos` over a cache of cache_len slots (a ring when smaller than pos+1) */
@@ -246,6 +256,10 @@ static void quant_matmul_case(int dtype, int sd, float big, int rows, int cols, 
         same = same && !memcmp(y, y2, sizeof(float) * TOKENS * rows);
     }
     check(same, "the same bits for 1-3 threads and 1 or 9 tokens a call", label);
+    float *yc = malloc((size_t)TOKENS * rows * sizeof(float)), *ycr = malloc((size_t)TOKENS * rows * sizeof(float));
+    matmul_chain(pools[2], yc, rows, &m, NULL, x, cols, TOKENS);   /* rows widened by matrix_row (int8: its fast walk) */
+    matmul_chain_ref(ycr, rows, &m, NULL, x, cols, TOKENS);        /* values from matrix_at */
+    check(!memcmp(yc, ycr, (size_t)TOKENS * rows * sizeof(float)), "matmul_chain: matmul_chain_ref's bits", label);
 
     /* the dequantized matrix as float32 (and as bf16 where every value is one): the same bits */
     ZayaMatrix mf = {ZAYA_F32, rows, cols, 0, deq, NULL, 0, NULL, 0, 0};
@@ -331,6 +345,36 @@ static void grouped_case(int dtype, int groups, int group_rows, int cols) {
  * scaled down) give the same bits as one matmul() each, for 1-3 threads and 1 or 9 tokens a call
  * (so matmul_ref on each is their reference). int8 (one quantized input for all) and fp32; a mixed
  * set (int8 and fp32) falls back to one product each. */
+/* matmul_chain (torch's summation order) against matmul_chain_ref: the same bits, for 1-3 threads, any
+ * number of tokens (whole tiles of 8 and a tail), blocks of k one, two halves and many (torch_k_block) */
+static void chain_case(int dtype, int rows, int cols) {
+    const size_t n = (size_t)rows * cols;
+    float *wf = malloc(n * sizeof(float)), *x = malloc((size_t)TOKENS * cols * sizeof(float));
+    float *y = malloc((size_t)TOKENS * rows * sizeof(float)), *yr = malloc((size_t)TOKENS * rows * sizeof(float));
+    uint16_t *wb = malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) wf[i] = frand() * 0.05f;
+    for (int i = 0; i < TOKENS * cols; i++) x[i] = frand();
+    for (size_t i = 0; i < n; i++) { uint32_t u; memcpy(&u, &wf[i], 4); wb[i] = (uint16_t)(u >> 16); }
+    const ZayaMatrix m = {.dtype = dtype, .rows = rows, .cols = cols, .data = dtype == ZAYA_BF16 ? (void *)wb : wf};
+    float *bias = malloc((size_t)rows * sizeof(float));
+    for (int o = 0; o < rows; o++) bias[o] = frand();
+    matmul_chain_ref(yr, rows, &m, bias, x, cols, TOKENS);
+    int same = 1;
+    for (int t = 1; t <= 3; t++) {
+        matmul_chain(pools[t], y, rows, &m, bias, x, cols, TOKENS);
+        same = same && !memcmp(y, yr, (size_t)TOKENS * rows * sizeof(float));
+    }
+    matmul_chain(pools[2], y, rows, &m, bias, x, cols, 3);   /* fewer tokens than a tile */
+    same = same && !memcmp(y, yr, (size_t)3 * rows * sizeof(float));
+    matmul_chain_ref(yr, rows, &m, NULL, x, cols, TOKENS);   /* no bias */
+    matmul_chain(pools[3], y, rows, &m, NULL, x, cols, TOKENS);
+    same = same && !memcmp(y, yr, (size_t)TOKENS * rows * sizeof(float));
+    printf("%s matmul_chain %s [%d x %d], %d tokens: the same bits as matmul_chain_ref for 1-3 threads\n",
+           same ? "PASS" : "FAIL", dtype == ZAYA_BF16 ? "bf16" : "fp32", rows, cols, TOKENS);
+    failures += !same;
+    free(wf), free(x), free(y), free(yr), free(wb), free(bias);
+}
+
 static void matmuls_case(int dtype, int cols, int mixed) {
     const int rows[4] = {256, 32, 32, 16}, G = 8;
     ZayaMatrix m[4];
@@ -389,6 +433,11 @@ int main(void) {
     grouped_case(ZAYA_F32, 3, 100, 24);     /* groups that end inside a row tile */
     grouped_case(ZAYA_Q8, 4, 72, 512);      /* int8: interleaved-size groups, whole blocks */
     grouped_case(ZAYA_Q8, 3, 5, 64);
+    const int chains[][2] = {{120, 40}, {17, 160}, {33, 200}, {16, 256}, {40, 1280}, {5, 385}, {24, 3420}};
+    for (int c = 0; c < 7; c++) {
+        chain_case(ZAYA_F32, chains[c][0], chains[c][1]);
+        chain_case(ZAYA_BF16, chains[c][0], chains[c][1]);
+    }
     matmuls_case(ZAYA_Q8, 512, 0);
     matmuls_case(ZAYA_Q8, 96, 0);
     matmuls_case(ZAYA_F32, 80, 0);
