@@ -4,11 +4,14 @@
  * Hugging Face transformers' models/zaya1_vl/modeling_zaya1_vl.py (pull request #46011), class
  * Zaya1VLVisionModel ("HF"). Steps in order: patch embedding, the 2-D rotary embedding, the window
  * index permutation, the blocks (RMSNorm, attention over a window or the whole image, RMSNorm, SwiGLU
- * MLP), the patch merger, the inverse permutation. Matrix products and attention are kernels.c calls.
+ * MLP), the patch merger, the inverse permutation. Matrix products are kernels.c calls (matmul_chain); the
+ * arithmetic is torch's CPU float32 arithmetic where this file can follow it (torch_cpu.h), so that the tower
+ * gives the official float32 run's bits: only cos/sin (MKL's) and GELU (oneDNN's) are computed otherwise.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "vision.h"
 #include "kernels.h"
+#include "torch_cpu.h"
 #include "zmath.h"
 
 #include <math.h>
@@ -31,19 +34,16 @@ static void tap(const Run *r, const char *name, const float *x, int rows, int co
     if (r->tap) r->tap(r->tap_ctx, name, x, rows, cols);
 }
 
-static float silu(float x) { return x / (1.0f + zaya_expf(-x)); }
+/* torch's SiLU: x / (1 + exp(-x)) with its vectorized exp */
+static float silu(float x) { return x / (1.0f + torch_expf(-x)); }
 /* exact (erf) GELU */
 static float gelu(float x) { return x * 0.5f * (1.0f + zaya_erff(x * 0.70710678118654752440f)); }
 
-/* HF nn.Linear on n rows: y = W x (+ bias). [n, W.cols] -> [n, W.rows] */
+/* HF nn.Linear on n rows: y = bias + W x, summed in torch's order (the official run's bits).
+ * [n, W.cols] -> [n, W.rows] */
 static void linear(const Run *r, const char *name, float *y, const ZayaMatrix *w, const float *bias, const float *x,
                    int n) {
-    for (int t = 0; t < n; t += VISION_ROWS) {
-        const int rows = n - t < VISION_ROWS ? n - t : VISION_ROWS;
-        matmul(r->kern, y + (size_t)t * w->rows, w->rows, w, x + (size_t)t * w->cols, w->cols, rows);
-    }
-    for (int t = 0; bias && t < n; t++)
-        for (int o = 0; o < w->rows; o++) y[(size_t)t * w->rows + o] += bias[o];
+    matmul_chain(r->kern, y, w->rows, w, bias, x, w->cols, n);
     if (name) tap(r, name, y, n, w->rows);
 }
 
@@ -51,9 +51,9 @@ static void linear(const Run *r, const char *name, float *y, const ZayaMatrix *w
 static void rmsnorm(const Run *r, const char *name, float *out, const float *x, const float *w, int n, int dim) {
     for (int t = 0; t < n; t++) {
         const float *xt = x + (size_t)t * dim;
-        float *o = out + (size_t)t * dim, ss = 0.0f;
-        for (int i = 0; i < dim; i++) ss += xt[i] * xt[i];
-        const float inv_rms = 1.0f / sqrtf(ss / (float)dim + 1e-6f);
+        float *o = out + (size_t)t * dim;
+        for (int i = 0; i < dim; i++) o[i] = xt[i] * xt[i];   /* hidden_states.pow(2) */
+        const float inv_rms = 1.0f / sqrtf(torch_sum(o, dim) / (float)dim + 1e-6f);   /* .mean(-1), in torch's order */
         for (int i = 0; i < dim; i++) o[i] = w[i] * (xt[i] * inv_rms);
     }
     tap(r, name, out, n, dim);
@@ -139,14 +139,14 @@ static void rope_head(float *x, const float *co, const float *si, int hd) {
 }
 
 typedef struct {
-    float *x, *h, *qkv, *attn, *branch, *gate, *up, *cos_t, *sin_t, *keys, *values, *probs;
+    float *x, *h, *qkv, *attn, *branch, *gate, *up, *cos_t, *sin_t, *keys, *part, *probs;
 } Scratch;
 
 /* The buffers of n patch rows (all or none: 0 when out of memory), and their release. */
 static int scratch_new(Scratch *s, const ZayaVisionConfig *c, int n) {
     const int D = c->hidden_size, I = c->intermediate_size, hd = D / c->num_heads;
     float **bufs[] = {&s->x, &s->h, &s->qkv, &s->attn, &s->branch, &s->gate, &s->up, &s->cos_t, &s->sin_t, &s->keys,
-                      &s->values, &s->probs};
+                      &s->part, &s->probs};
     const size_t lens[] = {(size_t)n * D, (size_t)n * D, (size_t)n * 3 * D, (size_t)n * D, (size_t)n * D,
                            (size_t)n * (I > D ? I : D), (size_t)n * I, (size_t)n * hd, (size_t)n * hd, (size_t)n * D,
                            (size_t)n * D, (size_t)c->num_heads * n};
@@ -157,7 +157,7 @@ static int scratch_new(Scratch *s, const ZayaVisionConfig *c, int n) {
 }
 
 static void scratch_free(Scratch *s) {
-    float *bufs[] = {s->x, s->h, s->qkv, s->attn, s->branch, s->gate, s->up, s->cos_t, s->sin_t, s->keys, s->values,
+    float *bufs[] = {s->x, s->h, s->qkv, s->attn, s->branch, s->gate, s->up, s->cos_t, s->sin_t, s->keys, s->part,
                      s->probs};
     for (size_t k = 0; k < sizeof bufs / sizeof *bufs; k++) free(bufs[k]);
 }
@@ -182,16 +182,22 @@ static void attention_block(const Run *r, const ZayaVisionBlock *B, const char *
     const float scale = (float)pow((double)hd, -0.5);   /* HF: self.scaling = head_dim**-0.5 */
     for (int j = 0; j < segments; j++) {
         const int first = seg[j], len = seg[j + 1] - seg[j];
-        const KvCache kv = {s->keys, s->values, len, heads, hd};
-        for (int t = 0; t < len; t++)   /* the segment's keys and values as a cache [heads, len, hd] */
-            for (int head = 0; head < heads; head++) {
-                const float *row = s->qkv + (size_t)(first + t) * 3 * D + head * hd;
-                memcpy(s->keys + kv_row(&kv, head, t), row + D, sizeof(float) * (size_t)hd);
-                memcpy(s->values + kv_row(&kv, head, t), row + 2 * D, sizeof(float) * (size_t)hd);
+        float *kt = s->keys;   /* one head's keys of the segment, transposed: [hd, len] */
+        for (int head = 0; head < heads; head++) {
+            for (int t = 0; t < len; t++)
+                for (int d = 0; d < hd; d++)
+                    kt[(size_t)d * len + t] = s->qkv[(size_t)(first + t) * 3 * D + D + head * hd + d];
+            for (int t = 0; t < len; t++) {
+                const float *q = s->qkv + (size_t)(first + t) * 3 * D + head * hd;
+                float *p = s->probs, *o = s->attn + (size_t)(first + t) * D + head * hd;
+                const float *v = s->qkv + (size_t)first * 3 * D + 2 * D + head * hd;
+                /* eager_attention_forward, summed as the official run sums it (torch_cpu.h) */
+                torch_matmul_row(p, q, 1, kt, len, len, hd, len, s->part);    /* matmul(q, k^T) */
+                for (int u = 0; u < len; u++) p[u] *= scale;                    /* * scaling */
+                torch_softmax(p, len);                                          /* softmax(dim=-1) */
+                torch_matmul_row(o, p, 1, v, 3 * D, hd, len, len, s->part);   /* matmul(probs, v) */
             }
-        for (int t = 0; t < len; t++)
-            attention(r->kern, s->attn + (size_t)(first + t) * D, s->probs, s->qkv + (size_t)(first + t) * 3 * D, heads,
-                      &kv, 0, len - 1, scale, 0);
+        }
     }
     snprintf(name, sizeof name, "%s.attn", prefix);
     linear(r, name, s->branch, &B->proj, B->proj_bias, s->attn, r->n);   /* attn.proj: the module's output */

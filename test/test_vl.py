@@ -9,17 +9,13 @@ exported (blob format version 3); for every image of vl (two, tower depth 2) and
 40, full attention first, 56-px windows, LoRA ranks 8 / 8, a resize that runs Pillow 13's vertical pass first):
 - image.c: the PPM and PNG files (RGB; for vl's image_b also RGBA, gray, palette) decode to PIL's RGB, and the
   preprocessing gives the official processor's pixel values bit for bit;
-- ./zaya --image image.png --ids <the prompt> --dump: against CASE/reference64 (the same official code in
-  float64): every vision block and decoder layer output and the top-16 logits within relative L2 1e-6 of it, or
-  at least as close as the official float32 run is ("as exact as the official code"); against the official
-  float32 run: those within 1e-6 plus the float32 run's own distance from its float64 run (the official float32
-  run is up to 1.3e-6 from float64 on vl's image_b layers: its image features carry ~6e-7 of float32
-  summation noise that the decoder amplifies; no float32 implementation with another summation order can be
-  within 1e-6 of it there; where that distance is over 1e-6, an ill-conditioned model, within twice it),
-  every other tap within 1e-5 (10x the official float32 run's own distance from float64 at its layer, where
-  that is over 1e-6), the same argmax at every position (or one whose official logit ties with the official
-  top one), 8 greedy tokens identical. tests/test_vision.py holds vl's every tower tap to 1e-6 of the
-  official float32 run.
+- ./zaya --image image.png --ids <the prompt> --dump: every vision block and decoder layer output and the
+  top-16 logits within relative L2 1e-6 of the official float32 run (the tower sums as torch does on one CPU
+  thread, torch_cpu.h; what is left is MKL's cos and oneDNN's GELU), and within twice the official float32
+  run's own distance from CASE/reference64 (the same official code in float64) or 2e-6; every other tap within
+  1e-5 (10x the official float32 run's own distance from float64 at its layer, where that is over 1e-6), the
+  same argmax at every position (or one whose official logit ties with the official top one), 8 greedy tokens
+  identical. test/test_vision.py holds vl's every tower tap to 1e-6 of the official float32 run.
 - misuse: --image on a text-only blob, an image token count that does not match, a truncated PNG.
 """
 import os
@@ -37,7 +33,7 @@ import vl_checkpoint  # noqa: E402
 FX = need_fixtures()
 VL = need_fixtures("vl")
 VLS = (VL, need_fixtures("vl2"))
-LIMIT = 1e-6        # the issue's number; see the docstring for how the official float32 run's own error enters
+LIMIT = 1e-6        # the issue's number
 
 
 def rel(a, b):
@@ -96,10 +92,9 @@ def dump_name(name):
 
 
 def exactness(case, d, dump, vdump, logits, top_ids, taps):
-    """Every vision block and decoder layer output and the top-16 logits against the float64 run (x) and the
-    official float32 run (o): rel(z, x) <= max(1e-6, rel(o, x)), and rel(z, o) <= max(1e-6, rel(o, x)) + rel(o, x)
-    (1e-6 beyond the official float32 run's own distance from float64, or twice that distance where it is over
-    1e-6: an ill-conditioned model, where zaya.c is only asked to be as exact as the official float32 run)."""
+    """Every vision block and decoder layer output and the top-16 logits against the official float32 run (o):
+    rel(z, o) <= 1e-6 (the issue's number); and against the same code in float64 (x): rel(z, x) <=
+    2 max(1e-6, rel(o, x)), zaya.c's float32 rounding no more than twice the official run's own."""
     ref = os.path.join(d, "reference64")
     if not check(os.path.isdir(ref), f"{case}: reference64 present", "hint: tools/golden_vl.py --reference64"):
         return
@@ -115,18 +110,16 @@ def exactness(case, d, dump, vdump, logits, top_ids, taps):
             layer_out = name + ".post_mlp_residual_scale"
             z, o = np.load(os.path.join(dump, dump_name(layer_out) + ".npy")), taps(layer_out)
         rows.append((name, rel(z, x), rel(o, x), rel(z, o)))
-    exact = [r for r in rows if r[1] > max(LIMIT, r[2])]
-    worst = max(rows, key=lambda r: r[1])
-    check(not exact and len(rows) >= 4, f"{case}: {len(rows)} outputs (vision blocks, decoder layers, logits) within "
-          f"rel L2 {LIMIT:g} of the official code in float64 or as close as its float32 run (worst {worst[1]:.2g} at "
-          f"{worst[0]}; official float32 {max(r[2] for r in rows):.2g})",
-          "; ".join(f"{n}: {z:.3g} from float64, the official float32 run {o:.3g}" for n, z, o, _ in exact))
-    far = [r for r in rows if r[3] > max(LIMIT, r[2]) + r[2]]
-    worst = max(rows, key=lambda r: r[3] - r[2])
-    check(not far, f"{case}: the same within rel L2 {LIMIT:g} of the official float32 run beyond its own distance "
-          f"from float64 (worst {worst[3]:.2g} at {worst[0]}, whose float32 run is {worst[2]:.2g} from float64)",
-          "; ".join(f"{n}: {zo:.3g} from the official float32 run, {max(LIMIT, o) + o:.3g} allowed"
-                    for n, _, o, zo in far))
+    far = [r for r in rows if r[3] > LIMIT]
+    worst = max(rows, key=lambda r: r[3])
+    check(not far and len(rows) >= 4, f"{case}: {len(rows)} outputs (vision blocks, decoder layers, logits) within "
+          f"rel L2 {LIMIT:g} of the official float32 run (worst {worst[3]:.2g} at {worst[0]})",
+          "; ".join(f"{n}: {zo:.3g}" for n, _, _, zo in far))
+    loose = [r for r in rows if r[1] > 2 * max(LIMIT, r[2])]
+    worst = max(rows, key=lambda r: r[1] / max(LIMIT, r[2]))
+    check(not loose, f"{case}: the same within twice the official float32 run's own distance from its float64 run "
+          f"(or 2e-6; worst {worst[1]:.2g} at {worst[0]}, the official float32 run {worst[2]:.2g})",
+          "; ".join(f"{n}: {z:.3g} from float64, the official float32 run {o:.3g}" for n, z, o, _ in loose))
 
 
 def inner_limits(d, taps):
