@@ -86,6 +86,12 @@ def parse_args():
     ap.add_argument("--fullatt", default=None, help="fullatt_block_indexes, e.g. 1 or 0,2 ('' for none)")
     ap.add_argument("--lora-ranks", default=None, help="ATTN,MLP (default 4,6)")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    ap.add_argument("--threads", type=int, default=1, help="torch's CPU threads (default 1: the order torch_cpu.h "
+                    "models; 2: MKL sums the decoder's products in another order)")
+    ap.add_argument("--exact-trig", action="store_true", help="a variant, not a golden: the official code with "
+                    "float32 cos and sin correctly rounded (computed in float64) instead of MKL's, which differ in the "
+                    "last bit for ~5%% of values; how far it moves from the golden is how much the official run's "
+                    "own last bits weigh on this input")
     ap.add_argument("--compact", action="store_true", help="keep fewer vision taps (see COMPACT_DROP) and no "
                     "extra PNG color types")
     ap.add_argument("--reference64", action="store_true", help="with float32: also run the model in float64 and "
@@ -243,7 +249,11 @@ def main():
     import numpy as np
     import torch
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
+    if args.exact_trig:   # the RoPE tables' emb.cos() / emb.sin(), tower and decoder
+        cos, sin = torch.Tensor.cos, torch.Tensor.sin
+        torch.Tensor.cos = lambda t: cos(t.double()).float() if t.dtype == torch.float32 else cos(t)
+        torch.Tensor.sin = lambda t: sin(t.double()).float() if t.dtype == torch.float32 else sin(t)
     cfgmod, mod = import_upstream(args.upstream)
     tmp = tempfile.mkdtemp(prefix="golden_vl_")
     model, config_json = build_model(args, cfgmod, mod, text_fixtures(args, tmp), out)
@@ -262,7 +272,8 @@ def main():
                           "processor": f"Qwen2VLImageProcessorPil(patch_size={vc['patch_size']}, "
                                        f"temporal_patch_size=1, merge_size={vc['spatial_merge_size']}),"
                                        " resample BICUBIC (PIL), rescale 1/255, CLIP mean/std",
-                          "dtype": args.dtype, "attention": "eager", "seed": args.seed,
+                          "dtype": args.dtype, "attention": "eager", "seed": args.seed, "threads": args.threads,
+                          "trig": "correctly rounded (a variant)" if args.exact_trig else "torch's (MKL)",
                           "command": "tools/golden_vl.py " + " ".join(sys.argv[1:])},
              "config": config_json, "cases": {}}
     if model64 is not None:
