@@ -505,7 +505,7 @@ static int verify_quantized(Loader *ld, const DirEntry *e) {
 
 /* The default for a blob that fits in RAM: its pages read in now through the 2 MB-aligned mapping, so
  * that decode streams them through 2 MB pages as fast as --hugepages' copy, without a copy and at no
- * start-up cost once the page cache holds the file in 2 MB pieces (bench/README.md). A page cache that
+ * start-up cost once the page cache holds the file in 2 MB pieces (docs/loading.md). A page cache that
  * holds more than a tenth of it in small pieces (the file read before by another program, or written)
  * is dropped and read again, in 2 MB pieces, once; where even then most of it stays in 4 KB pages (a
  * kernel or file system without large folios), *copy asks for --hugepages' copy. Returns the mapping (m->map), or

@@ -372,7 +372,7 @@ static inline __m512 mxfp4_weights_512(const uint8_t *q, const QuantRow *qr, int
 #define DOT_TOKENS 8
 /* One token against bf16 rows: the loop reads 64 weight bytes per two multiply-adds, too few for the
  * hardware to keep enough of the stream in flight; a software prefetch this many bytes ahead (into
- * the next row at a row's end) does (bench/README.md). */
+ * the next row at a row's end) does (bench/results/zaya1-8b.md). */
 #define BF16_PREFETCH 2048
 static inline __attribute__((always_inline)) void
 dot_float_n(float *out, const int nt, const void *wv, const int kind, const QuantRow *qr, const float *x, size_t x_stride, int n) {
@@ -495,7 +495,7 @@ dot_float_n(float *out, const int nt, const void *wv, const int kind, const Quan
  * whose width is a multiple of 32: for each (row, token) the same two chains, the same operations in
  * the same order as dot_float_n, so the same results. Each weight load serves nt tokens and each
  * activation load both rows: one row at a time, prefill waited on its activation loads; two rows at a
- * time it runs near the core's multiply-add peak (bench/README.md). */
+ * time it runs near the core's multiply-add peak (bench/results/zaya1-8b.md). */
 #define PAIR_TOKENS 6
 static inline __attribute__((always_inline)) void
 dot_float_pair_n(float *out0, float *out1, const int nt, const void *wv, size_t rows_apart, const int kind, const float *x,
@@ -1504,7 +1504,7 @@ void softmax(float *x, int n) {
  * ------------------------------------------------------------------------------------------- */
 
 /* Streaming the weights through 4 KB pages costs a TLB miss every 4 KB; 2 MB pages make decode
- * faster (bench/README.md), at the price of a copy at load and RAM for the whole blob. */
+ * faster (docs/loading.md), at the price of a copy at load and RAM for the whole blob. */
 void *copy_to_huge_pages(void *map, size_t size, size_t *alloc_size) {
     const size_t huge = (size_t)1 << 21;
     size_t sz = (size + huge - 1) / huge * huge;

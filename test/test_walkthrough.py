@@ -68,8 +68,8 @@ def main():
     check(not empty, "every such section shows numbers (a generated block)", f"without a block: {empty}")
 
     # every function any document names as `name()` is defined in the repository: README.md,
-    # bench/*.md, docs/*.md, test/**/*.md
-    docs = [os.path.join(ROOT, "README.md"), *glob.glob(os.path.join(ROOT, "bench", "*.md")),
+    # bench/**/*.md, docs/*.md, test/**/*.md
+    docs = [os.path.join(ROOT, "README.md"), *glob.glob(os.path.join(ROOT, "bench", "**", "*.md"), recursive=True),
             *glob.glob(os.path.join(ROOT, "docs", "*.md")), *glob.glob(os.path.join(ROOT, "test", "**", "*.md"), recursive=True)]
     sources = ""
     for pattern in ("*.c", "*.h", "*.py", "bench/*.c", "bench/*.h", "bench/*.py", "test/*.c", "test/*.py", "test/fuzz/*.c",
