@@ -16,6 +16,20 @@ import sys
 import zlib
 
 
+def write_tensor(f, hdr, d, diroff, e, off, data):
+    """Writes a tensor's new bytes at off, its CRC into directory entry e, and the header (its CRC over header
+    and directory) and the directory back: the blob stays one `zaya --verify` accepts."""
+    f.seek(off)
+    f.write(data)
+    struct.pack_into("<I", d, e + 184, zlib.crc32(bytes(data)) & 0xFFFFFFFF)
+    struct.pack_into("<I", hdr, 12, 0)
+    struct.pack_into("<I", hdr, 12, zlib.crc32(bytes(hdr) + bytes(d)) & 0xFFFFFFFF)
+    f.seek(0)
+    f.write(hdr)
+    f.seek(diroff)
+    f.write(d)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("blob")
@@ -50,19 +64,11 @@ def main(argv=None):
                 data = bytearray(f.read(size))
                 old = struct.unpack_from("<f", data, size - 4)[0]
                 struct.pack_into("<f", data, size - 4, a.bias)
-                f.seek(off)
-                f.write(data)
-                struct.pack_into("<I", d, e + 184, zlib.crc32(bytes(data)) & 0xFFFFFFFF)
+                write_tensor(f, hdr, d, diroff, e, off, data)
                 done += 1
                 print(f"{name}: skip-class bias {old:+.4g} -> {a.bias:g}")
             if not done:
                 raise ValueError(f"{a.blob} has no mlp.gate.balancing_biases")
-            struct.pack_into("<I", hdr, 12, 0)
-            struct.pack_into("<I", hdr, 12, zlib.crc32(bytes(hdr) + bytes(d)) & 0xFFFFFFFF)
-            f.seek(0)
-            f.write(hdr)
-            f.seek(diroff)
-            f.write(d)
     except (OSError, ValueError) as e:
         print(f"error: {e}\n  hint: BLOB is a blob written by export_weights.py", file=sys.stderr)
         return 2
