@@ -139,7 +139,7 @@ def header_only(args, rest):
     wm = {}
     for k, shard in enumerate(shards, 1):
         fn = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        vl_checkpoint.write_safetensors_header(os.path.join(args.out_dir, fn), shard)
+        vl_checkpoint.write_safetensors(os.path.join(args.out_dir, fn), shard)
         wm.update({n: fn for n, _, _, _ in shard})
     with open(os.path.join(args.out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": sum(t[3] for sh in shards for t in sh)}, "weight_map": wm}, f, indent=1)

@@ -65,6 +65,8 @@ import time
 
 import numpy as np
 
+import vl_checkpoint
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
@@ -120,19 +122,9 @@ class Checkpoint:
 
 
 def write_safetensors(path, tensors):
-    """{name: float32 array} -> a safetensors file of F32 tensors (names sorted, 8-byte aligned header)."""
-    header, off = {}, 0
-    for name in sorted(tensors):
-        nbytes = tensors[name].size * 4
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [off, off + nbytes]}
-        off += nbytes
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for name in sorted(tensors):
-            np.ascontiguousarray(tensors[name], np.float32).tofile(f)
+    """{name: float32 array} -> a safetensors file of F32 tensors (names sorted)."""
+    vl_checkpoint.write_safetensors(path, [(name, "F32", tensors[name].shape,
+                                            np.ascontiguousarray(tensors[name], np.float32)) for name in sorted(tensors)])
 
 
 def quantize_group(ck, group, qtype):

@@ -79,31 +79,23 @@ def relabel_in_place(path, relabel, chunk=1 << 26):
 
 
 def write_safetensors(path, tensors):
-    """tensors: list of (name, dtype, shape, raw bytes)."""
+    """tensors: list of (name, dtype, shape, data) in file order; data is the raw bytes, an array (written as its
+    bytes), or a byte count alone: a file of only its header (no data; export_weights.py --dry-run's input)."""
     header, off = {}, 0
-    for name, dtype, shape, raw in tensors:
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
-        off += len(raw)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for _, _, _, raw in tensors:
-            f.write(raw)
-
-
-def write_safetensors_header(path, tensors):
-    """A safetensors file holding only its header: tensors = list of (name, dtype, shape, byte size); no data."""
-    header, off = {}, 0
-    for name, dtype, shape, nbytes in tensors:
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + nbytes]}
+    for name, dtype, shape, data in tensors:
+        nbytes = data if isinstance(data, int) else data.nbytes if hasattr(data, "nbytes") else len(data)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + nbytes]}
         off += nbytes
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
+        for _, _, _, data in tensors:
+            if hasattr(data, "tofile"):
+                data.tofile(f)
+            elif not isinstance(data, int):
+                f.write(data)
 
 
 def compose(fixtures, out, vl_dir=None):
