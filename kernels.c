@@ -1203,9 +1203,9 @@ void matmul_ref(float *y, int ys, const ZayaMatrix *w, const float *x, int xs, i
 }
 
 /* matmul_chain: Y[t][o] as torch's CPU nn.Linear sums it (kernels.h): blocks of k (torch_k_block), each a
- * float32 fused multiply-add chain from 0, added in order to the bias. The fast form takes CHAIN_OUTS outputs at once, their rows
- * widened and transposed ([k][CHAIN_OUTS]), and CHAIN_ROWS tokens of them: each lane is still its own
- * chain in k order, so the bits are matmul_chain_ref's. Pieces are panels of outputs. */
+ * float32 fused multiply-add chain from 0, added in order to the bias. The fast form takes CHAIN_OUTS outputs
+ * at once, their rows widened and transposed ([k][CHAIN_OUTS]), and CHAIN_ROWS tokens of them: each lane is
+ * still its own chain in k order, so the bits are matmul_chain_ref's. Pieces are panels of outputs. */
 #define CHAIN_OUTS 16
 #define CHAIN_ROWS 8
 typedef struct {
@@ -1236,7 +1236,8 @@ static void chain_tile(float acc[CHAIN_ROWS][CHAIN_OUTS], const float *x, size_t
         __m256 a[4][2];
         for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
         for (int k = k0; k < k1; k++) {
-            const __m256 w0 = _mm256_loadu_ps(wt + (size_t)k * CHAIN_OUTS), w1 = _mm256_loadu_ps(wt + (size_t)k * CHAIN_OUTS + 8);
+            const __m256 w0 = _mm256_loadu_ps(wt + (size_t)k * CHAIN_OUTS);
+            const __m256 w1 = _mm256_loadu_ps(wt + (size_t)k * CHAIN_OUTS + 8);
             for (int r = 0; r < 4; r++) {
                 const __m256 xv = _mm256_set1_ps(x[(r0 + r) * xs + k]);
                 a[r][0] = _mm256_fmadd_ps(xv, w0, a[r][0]);
@@ -1265,7 +1266,8 @@ static void chain_tile(float acc[CHAIN_ROWS][CHAIN_OUTS], const float *x, size_t
     for (int r = r0; r < tn; r++) {   /* the plain loop: the rows left (all of them without SIMD) */
         for (int o = 0; o < CHAIN_OUTS; o++) acc[r][o] = 0.0f;
         for (int k = k0; k < k1; k++)
-            for (int o = 0; o < CHAIN_OUTS; o++) acc[r][o] = fmaf(x[r * xs + k], wt[(size_t)k * CHAIN_OUTS + o], acc[r][o]);
+            for (int o = 0; o < CHAIN_OUTS; o++)
+                acc[r][o] = fmaf(x[r * xs + k], wt[(size_t)k * CHAIN_OUTS + o], acc[r][o]);
     }
 }
 

@@ -100,7 +100,7 @@ static void matmul_case(int dtype, int rows, int cols, int group) {
     }
     check(same, "the same bits for 1-3 threads and 1 or 9 tokens a call", label);
     float *yc = malloc((size_t)TOKENS * rows * sizeof(float)), *ycr = malloc((size_t)TOKENS * rows * sizeof(float));
-    matmul_chain(pools[2], yc, rows, &m, NULL, x, cols, TOKENS);   /* rows widened by matrix_row (int8: its fast walk) */
+    matmul_chain(pools[2], yc, rows, &m, NULL, x, cols, TOKENS);   /* rows from matrix_row (int8: its own walk) */
     matmul_chain_ref(ycr, rows, &m, NULL, x, cols, TOKENS);        /* values from matrix_at */
     check(!memcmp(yc, ycr, (size_t)TOKENS * rows * sizeof(float)), "matmul_chain: matmul_chain_ref's bits", label);
 
@@ -257,7 +257,7 @@ static void quant_matmul_case(int dtype, int sd, float big, int rows, int cols, 
     }
     check(same, "the same bits for 1-3 threads and 1 or 9 tokens a call", label);
     float *yc = malloc((size_t)TOKENS * rows * sizeof(float)), *ycr = malloc((size_t)TOKENS * rows * sizeof(float));
-    matmul_chain(pools[2], yc, rows, &m, NULL, x, cols, TOKENS);   /* rows widened by matrix_row (int8: its fast walk) */
+    matmul_chain(pools[2], yc, rows, &m, NULL, x, cols, TOKENS);   /* rows from matrix_row (int8: its own walk) */
     matmul_chain_ref(ycr, rows, &m, NULL, x, cols, TOKENS);        /* values from matrix_at */
     check(!memcmp(yc, ycr, (size_t)TOKENS * rows * sizeof(float)), "matmul_chain: matmul_chain_ref's bits", label);
 

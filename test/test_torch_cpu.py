@@ -24,7 +24,8 @@ def main():
     if not check(os.path.exists(exe), "build/test_torch_cpu is built", "hint: make build/test_torch_cpu"):
         finish()
     cases = sorted(f[:-len("_torch.npy")] for f in os.listdir(FX) if f.endswith("_torch.npy"))
-    check(len(cases) >= 20, f"{len(cases)} recorded cases", "hint: tools/torch_order.py --record test/fixtures/torch_cpu")
+    check(len(cases) >= 20, f"{len(cases)} recorded cases",
+          "hint: tools/torch_order.py --record test/fixtures/torch_cpu")
     for case in cases:
         kind, shape = case.split("_")
         inputs = [np.load(os.path.join(FX, f"{case}_in{i}.npy")) for i in range(3)

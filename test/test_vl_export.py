@@ -213,7 +213,7 @@ def shard_headers(folder):
 def write_back(folder, idx, headers):
     for fn, h in headers.items():
         tensors = [(k, v["dtype"], v["shape"], v["data_offsets"][1] - v["data_offsets"][0]) for k, v in h.items()]
-        vl_checkpoint.write_safetensors_header(os.path.join(folder, fn), tensors)
+        vl_checkpoint.write_safetensors(os.path.join(folder, fn), tensors)
     idx["weight_map"] = {k: fn for fn, h in headers.items() for k in h}
     with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
         json.dump(idx, f)

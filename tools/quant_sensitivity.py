@@ -123,8 +123,8 @@ class Checkpoint:
 
 def write_safetensors(path, tensors):
     """{name: float32 array} -> a safetensors file of F32 tensors (names sorted)."""
-    vl_checkpoint.write_safetensors(path, [(name, "F32", tensors[name].shape,
-                                            np.ascontiguousarray(tensors[name], np.float32)) for name in sorted(tensors)])
+    arrays = {name: np.ascontiguousarray(a, np.float32) for name, a in tensors.items()}
+    vl_checkpoint.write_safetensors(path, [(name, "F32", arrays[name].shape, arrays[name]) for name in sorted(arrays)])
 
 
 def quantize_group(ck, group, qtype):
