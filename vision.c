@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Rows per matrix product call (the kernels' scratch is sized for this many tokens). */
-#define VISION_ROWS 256
+/* The tower's products (matmul_chain) need the kernels' threads, not their per-token scratch. */
+#define VISION_ROWS 1
 
 typedef struct {
     const ZayaVisionConfig *c;
