@@ -51,6 +51,11 @@ static void check_q8_1_s(const float *x) {
     failures += bad != 0;
 }
 
+/* float32 weights [rows, COLS] tagged as a GGUF tensor of ggml type `ggml_type` (what export_weights.py records) */
+static ZayaMatrix tagged(const float *w, int rows, int ggml_type) {
+    return (ZayaMatrix){.dtype = ZAYA_F32, .rows = rows, .cols = COLS, .data = w, .ggml_type = 1 + ggml_type};
+}
+
 /* The product with Q4_1 / Q5_1 weights (ggml's dequantized values, tagged with the type) with the placement on,
  * against ggml's own vec_dot with Q8_1 activations (<T>_dot.f32): within float32 summation, element by element
  * relative to sum |w| |x|; the placement's m (s - sum) term is what makes it so. */
@@ -61,12 +66,7 @@ static void check_q8_1_product(Kernels *k, const float *x, const char *type, int
     snprintf(wn, sizeof wn, "%s_w", type);
     snprintf(dn, sizeof dn, "%s_dot", type);
     if (read_n(wn, w, WROWS * COLS) != 0 || read_n(dn, want, ROWS * WROWS) != 0) return;
-    ZayaMatrix m = {0};
-    m.dtype = ZAYA_F32;
-    m.rows = WROWS;
-    m.cols = COLS;
-    m.data = w;
-    m.ggml_type = 1 + ggml_type;
+    const ZayaMatrix m = tagged(w, WROWS, ggml_type);
     kernels_set_ggml(k, KERNELS_GGML_X86);
     matmul(k, got, WROWS, &m, x, COLS, ROWS);
     kernels_set_ggml(k, 0);
@@ -125,12 +125,7 @@ int main(void) {
     enum { R = 24 };
     static float w[R * COLS], y_fast[ROWS * R], y_ref[ROWS * R], xr[ROWS * COLS];
     for (int i = 0; i < R * COLS; i++) w[i] = sinf(0.37f * (float)i) * 0.05f;
-    ZayaMatrix m = {0};
-    m.dtype = ZAYA_F32;
-    m.rows = R;
-    m.cols = COLS;
-    m.data = w;
-    m.ggml_type = 1 + GGML_T_Q4_K;
+    const ZayaMatrix m = tagged(w, R, GGML_T_Q4_K);
     Kernels *k = kernels_new(2, COLS, ROWS);
     if (!k) { printf("FAIL kernels_new: out of memory\n"); return 1; }
     for (int r = 0; r < ROWS; r++) ggml_round_row(xr + r * COLS, x + r * COLS, COLS, GGML_T_Q4_K, 1);
