@@ -661,9 +661,10 @@ static void replay(const ZayaModel *m, ZayaState *s, const Options *o, Dump *dum
     }
     free(zero);
     zaya_state_reset(s, m);
+    dump->image_mask = info.image;   /* ZAYA1-VL: the replay dump records the image positions it ran (before the
+                                      * plan: the safetensors header's room counts them) */
     if (dump_plan(dump, info.n_tokens, m, o->model_path, o->skip_expert, info.tokens, err, sizeof err) != 0) die("%s", err);
     s->tap = dump_tap;
-    dump->image_mask = info.image;   /* ZAYA1-VL: the replay dump records the image positions it ran */
     if (zaya_replay_run(m, s, o->replay_dir, &info, stderr, err, sizeof err) != 0) die("%s", err);
     if (dump_error(dump)) die("%s", dump_error(dump));
     if (dump_finish(dump, err, sizeof err) != 0) die("%s", err);

@@ -67,22 +67,33 @@ static float *read_port_tensor(const char *dir, const char *name, int T, int col
     return x;
 }
 
-/* The ids of the port's dump: index.json's "tokens" list. Returns the count, or -1 with err. */
-static int read_port_tokens(const char *dir, int **ids, char *err, size_t errlen) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/index.json", dir);
+/* The port's dump's index.json, whole (malloc'd, NUL-terminated; path gets its name), or NULL with err. */
+static char *read_index(const char *dir, char *path, size_t pathlen, char *err, size_t errlen) {
+    snprintf(path, pathlen, "%s/index.json", dir);
     FILE *f = fopen(path, "rb");
-    if (!f) return zaya_fail(err, errlen, "replay: cannot open %s\n  hint: --replay takes a dump folder (./zaya --dump, "
-                             "tools/golden_hf.py or a port's own, docs/compare.md)", path);
+    if (!f) {
+        zaya_fail(err, errlen, "replay: cannot open %s\n  hint: --replay takes a dump folder (./zaya --dump, "
+                  "tools/golden_hf.py or a port's own, docs/compare.md)", path);
+        return NULL;
+    }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *text = malloc((size_t)size + 1);
+    char *text = size >= 0 ? malloc((size_t)size + 1) : NULL;
     size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
     fclose(f);
-    if (!text || got != (size_t)size) { free(text); return zaya_fail(err, errlen, "replay: cannot read %s", path); }
+    if (!text || got != (size_t)size) {
+        free(text);
+        zaya_fail(err, errlen, "replay: cannot read %s", path);
+        return NULL;
+    }
     text[size] = 0;
-    char *p = strstr(text, "\"tokens\"");
+    return text;
+}
+
+/* The ids of the port's dump: index.json's "tokens" list. Returns the count, or -1 with err. */
+static int read_port_tokens(const char *text, const char *path, int **ids, char *err, size_t errlen) {
+    const char *p = strstr(text, "\"tokens\"");
     p = p ? strchr(p, '[') : NULL;
     int n = 0, cap = 64;
     *ids = malloc(sizeof(int) * (size_t)cap);
@@ -99,7 +110,6 @@ static int read_port_tokens(const char *dir, int **ids, char *err, size_t errlen
         while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
         if (*p != ',' && *p != ']') p = NULL;
     }
-    free(text);
     if (!p || !*ids || n == 0) {
         free(*ids);
         *ids = NULL;
@@ -111,20 +121,9 @@ static int read_port_tokens(const char *dir, int **ids, char *err, size_t errlen
 
 /* ZAYA1-VL: index.json's "image_positions": [[first, end], ...] into image[T]. Returns the number of image
  * positions, 0 when the field is absent, or -1 with err when it is malformed. */
-static int read_image_positions(const char *dir, int T, unsigned char *image, char *err, size_t errlen) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/index.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = size > 0 ? malloc((size_t)size + 1) : NULL;
-    size_t got = text ? fread(text, 1, (size_t)size, f) : 0;
-    fclose(f);
-    if (!text || got != (size_t)size) { free(text); return zaya_fail(err, errlen, "replay: cannot read %s", path); }
-    text[size] = 0;
-    char *p = strstr(text, "\"image_positions\"");
+static int read_image_positions(const char *text, const char *path, int T, unsigned char *image, char *err,
+                                size_t errlen) {
+    const char *p = strstr(text, "\"image_positions\"");
     int n = 0, ok = 1;
     if (p) {
         p = strchr(p, '[');
@@ -142,7 +141,6 @@ static int read_image_positions(const char *dir, int T, unsigned char *image, ch
             if (p) p++;
         }
     }
-    free(text);
     if (!ok)
         return zaya_fail(err, errlen, "replay: %s: image_positions is not a list of [first, end) ranges within the %d "
                          "positions\n  expected: e.g. \"image_positions\": [[2, 37]] (docs/golden-formats.md)", path,
@@ -174,20 +172,23 @@ static int port_has_final(const char *dir) {
 int zaya_replay_open(const ZayaModel *m, const char *dir, ReplayInfo *info, char *err, size_t errlen) {
     memset(info, 0, sizeof *info);
     err[0] = 0;
-    info->n_tokens = read_port_tokens(dir, &info->tokens, err, errlen);
-    if (info->n_tokens < 0) return -1;
+    char path[4096], *text = read_index(dir, path, sizeof path, err, errlen);
+    if (!text) return -1;
+    info->n_tokens = read_port_tokens(text, path, &info->tokens, err, errlen);
+    if (info->n_tokens < 0) { free(text); return -1; }
     info->input_computed = !port_has(dir, "model:input_scaled");
     info->final_in_port = port_has_final(dir);
     if (m->vl) {   /* ZAYA1-VL: the image positions (the vision LoRA and the image mask run there) */
         info->image = calloc((size_t)info->n_tokens + 1, 1);
-        if (!info->image) return zaya_fail(err, errlen, "out of memory");
-        info->n_image = read_image_positions(dir, info->n_tokens, info->image, err, errlen);
-        if (info->n_image < 0) return -1;
+        info->n_image = info->image ? read_image_positions(text, path, info->n_tokens, info->image, err, errlen)
+                                    : zaya_fail(err, errlen, "out of memory");
+        if (info->n_image < 0) { free(text); return -1; }
         info->image_from_index = info->n_image > 0;
         for (int t = 0; !info->image_from_index && t < info->n_tokens; t++)
             info->n_image += info->image[t] = info->tokens[t] == m->image_token_id;
         if (!info->n_image) { free(info->image); info->image = NULL; }
     }
+    free(text);
     for (int i = 1; i < m->config.num_layers; i++) {
         char name[160];
         snprintf(name, sizeof name, "model.layers.%d.mlp.gate:router_state", i - 1);
@@ -270,19 +271,23 @@ int zaya_replay_run(const ZayaModel *m, ZayaState *s, const char *dir, const Rep
     return 0;
 }
 
-/* ZAYA1-VL: the first image's patch grid from index.json's "image_grid_thw": [1, h, w]; 0, or -1 when absent. */
+/* ZAYA1-VL: the first image's patch grid from index.json's "image_grid_thw": [1, h, w] (any spacing); 0, or -1
+ * when absent. */
 static int read_grid(const char *dir, int *gh, int *gw) {
-    char path[4096], text[65536];
-    snprintf(path, sizeof path, "%s/index.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    size_t got = fread(text, 1, sizeof text - 1, f);   /* the field comes before the tensor list */
-    fclose(f);
-    text[got] = 0;
-    const char *p = strstr(text, "\"image_grid_thw\"");
-    long t = 0, h = 0, w = 0;
-    return p && sscanf(p, "\"image_grid_thw\": [%ld, %ld, %ld]", &t, &h, &w) == 3 && t == 1 && h > 0 && w > 0 &&
-           h <= 4096 && w <= 4096 ? (*gh = (int)h, *gw = (int)w, 0) : -1;
+    char path[4096], err[8];
+    char *text = read_index(dir, path, sizeof path, err, sizeof err);
+    const char *p = text ? strstr(text, "\"image_grid_thw\"") : NULL;
+    p = p ? strchr(p, '[') : NULL;
+    long v[3] = {0};
+    for (int i = 0; p && i < 3; i++) {   /* [t, h, w] */
+        char *end;
+        v[i] = strtol(p + 1, &end, 10);
+        p = end > p + 1 ? end + strspn(end, " \t\r\n") : NULL;
+        if (p && *p != (i < 2 ? ',' : ']')) p = NULL;
+    }
+    free(text);
+    return p && v[0] == 1 && v[1] > 0 && v[2] > 0 && v[1] <= 4096 && v[2] <= 4096 ? (*gh = (int)v[1], *gw = (int)v[2], 0)
+                                                                                   : -1;
 }
 
 int zaya_replay_vision(const ZayaModel *m, int threads, const char *dir, ZayaVisionTapFn tap, void *tap_ctx, FILE *log,

@@ -7,8 +7,8 @@ On the ZAYA1-VL fixture (test/fixtures/vl, exported as test_vl.py does) and its 
 - `./zaya --image --dump` (folder and safetensors): the vision tower's tensors by HF module path before the
   decoder's, index.json's image_positions equal to the official image mask, the two forms identical;
 - compare.py zaya.c against the official golden (tools/fixture_to_dump.py): AGREE for both images, every vision
-  tensor within rel L2 1e-6, every layer output within 2e-6 (test_vl.py's limit); a vision tensor perturbed is the
-  FIRST DIVERGENCE before any decoder position; a decoder row perturbed at an image position is called one;
+  tensor within rel L2 1e-6, every layer output within 2e-6 (compare.py's view; test_vl.py holds them to 1e-6); a
+  vision tensor perturbed is the FIRST DIVERGENCE before any decoder position; a decoder row perturbed at an image position is called one;
 - `--replay` + compare.py --local: zaya.c's own VL dump replays at local error <= 1e-7 in every layer; a run with
   layer 3's o_lora_b zeroed (a modified blob) is located at layer 3 post_attention_residual_scale, at an image
   position, with the o_proj LoRA named; the official golden (no model:input_scaled: layer 0 from the port's
@@ -201,6 +201,10 @@ def replays(tmp, blob, ours):
               "image_b: zaya.c's own bf16 VL run passes --local --bf16 (step check, tier 2)", text[-600:])
     tower = os.path.join(tmp, "port_tower")   # a port whose block 1 MLP is off in one patch row (0.1 %)
     shutil.copytree(d, tower, ignore=shutil.ignore_patterns("*_replay*"))
+    with open(os.path.join(tower, "index.json")) as f:   # written as a Python port writes it: a list a line
+        index = json.load(f)
+    with open(os.path.join(tower, "index.json"), "w") as f:
+        json.dump(index, f, indent=1)
     path = os.path.join(tower, "model.visual.blocks.1.mlp.npy")
     if check(os.path.exists(path), f"{case}: the dump has model.visual.blocks.1.mlp (to perturb it)"):
         x = np.load(path)
@@ -226,7 +230,7 @@ def replays(tmp, blob, ours):
           "layer 3's o_proj LoRA dropped: located at layer 3 post_attention_residual_scale, at an image position, "
           "the o_proj LoRA named", text[-700:])
     rows = re.findall(r"^\s+(\d) +(\S+) ", text, re.M)
-    check([r for r in rows if r[1] not in ("0", "-")] == [r for r in rows if r[0] == "3"],
+    check(rows and [r for r in rows if r[1] not in ("0", "-")] == [r for r in rows if r[0] == "3"],
           "... and no other layer has a local error", str(rows))
     ref = os.path.join(tmp, "official_" + case)
     if not os.path.exists(os.path.join(ref, "index.json")):
@@ -278,8 +282,7 @@ def trace(blob):
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        rc, _, err = run(["make", "zaya"])
-        if not check(rc == 0, "make zaya", err[-300:]):
+        if not check(os.path.exists(ZAYA), "./zaya is built", "hint: make zaya"):
             finish()
         ckpt = vl_checkpoint.compose(FX, os.path.join(tmp, "ckpt"))
         blob = os.path.join(tmp, "vl.bin")
