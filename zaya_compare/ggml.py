@@ -387,22 +387,9 @@ def check_tap(ctx, name, rows=None):
     if got is None or port is None or got[0].shape != port.shape:
         return None
     exact, extra, sd, what = got
-    keep = np.isfinite(exact).all(axis=1)
-    if rows is not None:
-        sel = np.zeros(len(keep), dtype=bool)
-        sel[[t for t in rows if t < len(keep)]] = True
-        keep &= sel
-    ex, pr, ext, sde = exact[keep], port[keep], extra[keep], sd[keep]
-    if not ex.size:
+    r = legit.judge(ctx.lc, short, exact, extra, sd, port, rows)
+    if r is None:
         return None
-    storage = legit.storage_of(port)
-    ulp = legit.storage_ulp(ex, storage)
-    ratio = np.abs(pr - ex) / (ulp + ext)
-    ratio[np.isnan(pr)] = np.inf
-    at = int(np.argmax(ratio))
-    z = (pr - ex) / np.sqrt(np.square(ulp) / 12 + np.square(sde))
-    rms = float(np.sqrt(np.mean(np.square(z)))) if np.all(np.isfinite(z)) else float("inf")
-    past = int((ratio > 1).sum())
-    return {"storage": storage, "judged": int(ratio.size), "past": past, "rms": rms, "worst": float(ratio.max()),
-            "at": int(np.flatnonzero(keep)[at // ex.shape[1]]), "model": what,
-            "departs": past > legit.STEP_FRACTION * ratio.size or rms > legit.Z_LIMIT}
+    r["model"] = what
+    r["departs"] = r["past"] > legit.STEP_FRACTION * r["judged"] or r["rms"] > legit.Z_LIMIT
+    return r

@@ -426,6 +426,13 @@ def check_tap(ctx, name, rows=None):
     sd = got[2] if len(got) > 2 else extra / (LAMBDA if short in LINEARS else math.sqrt(3))
     if exact.shape != port.shape:
         return None
+    return judge(ctx, short, exact, extra, sd, port, rows)
+
+
+def judge(ctx, short, exact, extra, sd, port, rows=None):
+    """The port's values of step `short` against the exact ones, within storage rounding + extra (per element,
+    standard deviation sd), on the positions it can be judged at (rows, or all; not where a ZAYA1-VL image
+    position adds an untapped LoRA): None when none is left, else check_tap's dict."""
     keep = np.isfinite(exact).all(axis=1)
     image = set(getattr(ctx.port, "image_positions", ()))
     if short == "self_attn.qkv_proj:value":     # the delayed half of t is v_proj_delayed of t - 1
