@@ -62,8 +62,8 @@ MAX_LAYERS = 256            # size of the layer-type table in format version 1
 MAX_EOS = 4
 ALIGN = 64                  # every tensor starts on a 64-byte boundary
 DEFAULT_GROUP = 64          # int8: one fp32 scale per 64 weights = 1.0625 bytes per weight, as Q8_0's
-MIN_AUTO_GROUP = 8          # int8: a matrix whose rows allow no larger group stays bf16 (groups of 4 take as many bytes)
                             # 32 weights + fp16 scale (groups of 32 would read 6% more bytes per token)
+MIN_AUTO_GROUP = 8          # int8: a matrix whose rows allow no larger group stays bf16 (groups of 4 take as many bytes)
 PAGE = 4096                 # the data section starts on a page boundary
 CHUNK = 1 << 24             # stream 16 MB at a time
 
@@ -511,10 +511,6 @@ VL_VISION_DEFAULTS = {"depth": 32, "hidden_size": 1280, "hidden_act": "silu", "i
                       "fullatt_block_indexes": [7, 15, 23, 31]}
 VL_TEXT_DEFAULTS = {"vision_lora": True, "vision_lora_rank_attn": 8, "vision_lora_rank_mlp": 32}
 VL_IDS = {"image_token_id": 262147, "vision_start_token_id": 255999, "vision_end_token_id": 256000}
-
-
-def is_vl_config(cfg):
-    return cfg.get("model_type") == "zaya1_vl" or isinstance(cfg.get("vision_config"), dict)
 
 
 def vl_zyphra_text_config(cfg, path):
@@ -1116,7 +1112,7 @@ def export(ckpt, out, wformat="fp32", group=None, chat_format=None, log=print, k
             except mlx_weights.MLXError as e:
                 raise ExportError(str(e))
         layout = detect_layout(cfg, where)
-        if is_vl_config(cfg):    # ZAYA1-VL (format version 3): transformers' names or Zyphra's (the hub's)
+        if mlx_weights.is_vl(cfg):    # ZAYA1-VL (format version 3): transformers' names or Zyphra's (the hub's)
             layout = vl_layout(where)
         c = (vl_config(cfg, cfg_path) if layout in ("vl", "vl-zyphra")
              else native_config(cfg, cfg_path) if layout == "native" else legacy_to_native_config(cfg, cfg_path))
@@ -2172,7 +2168,7 @@ def dry_run(ckpt, log=print):
              "a checkpoint without quantization_config / quantization, in HF names",
              f"'{quant}'" if quant else "mlx-vlm's names (language_model.model.*)",
              "the export itself checks quantized experts and MLX folders: run it without --dry-run")
-    layout = vl_layout(tensors) if is_vl_config(cfg) else detect_layout(cfg, tensors)
+    layout = vl_layout(tensors) if mlx_weights.is_vl(cfg) else detect_layout(cfg, tensors)
     c = (vl_config(cfg, cfg_path) if layout in ("vl", "vl-zyphra") else native_config(cfg, cfg_path)
          if layout == "native" else legacy_to_native_config(cfg, cfg_path))
     check_config_limits(c, cfg_path)
@@ -2284,7 +2280,7 @@ def main(argv=None):
         export(args.checkpoint, args.out, args.dtype, args.group_size,
                None if args.chat_format == "auto" else args.chat_format, keep_quantized=args.keep_quantized_experts,
                tokenizer=args.tokenizer, port_weights=args.weights, mlx_compute=args.mlx_compute)
-    except ExportError as e:
+    except (ExportError, mlx_weights.MLXError) as e:   # MLXError: an MLX tensor's C dequantizer failed midway
         print(f"export_weights.py: error: {e}", file=sys.stderr)
         try:
             os.remove(args.out + ".tmp")

@@ -419,7 +419,8 @@ STACKED = re.compile(r"(model\.layers\.\d+\.(?:mlp\.)?zaya_block\.experts)\.(lin
 
 
 def is_vl(cfg):
-    """A ZAYA1-VL config (mlx-vlm's zaya1_vl keeps Zyphra's flat config.json, with its vision_config)."""
+    """A ZAYA1-VL config: transformers' (model_type zaya1_vl) or Zyphra's flat config.json with its vision_config
+    (mlx-vlm's zaya1_vl keeps that); export_weights.py asks this too."""
     return cfg.get("model_type") == "zaya1_vl" or isinstance(cfg.get("vision_config"), dict)
 
 
