@@ -16,12 +16,16 @@ import sys
 import zlib
 
 
-def write_tensor(f, hdr, d, diroff, e, off, data):
-    """Writes a tensor's new bytes at off, its CRC into directory entry e, and the header (its CRC over header
-    and directory) and the directory back: the blob stays one `zaya --verify` accepts."""
+def patch_tensor(f, d, e, off, data):
+    """A tensor's new bytes at off and their CRC into directory entry e (write_header then seals the blob)."""
     f.seek(off)
     f.write(data)
     struct.pack_into("<I", d, e + 184, zlib.crc32(bytes(data)) & 0xFFFFFFFF)
+
+
+def write_header(f, hdr, d, diroff):
+    """The header (its CRC over header and directory) and the directory written back: the blob stays one
+    `zaya --verify` accepts."""
     struct.pack_into("<I", hdr, 12, 0)
     struct.pack_into("<I", hdr, 12, zlib.crc32(bytes(hdr) + bytes(d)) & 0xFFFFFFFF)
     f.seek(0)
@@ -64,11 +68,12 @@ def main(argv=None):
                 data = bytearray(f.read(size))
                 old = struct.unpack_from("<f", data, size - 4)[0]
                 struct.pack_into("<f", data, size - 4, a.bias)
-                write_tensor(f, hdr, d, diroff, e, off, data)
+                patch_tensor(f, d, e, off, data)
                 done += 1
                 print(f"{name}: skip-class bias {old:+.4g} -> {a.bias:g}")
             if not done:
                 raise ValueError(f"{a.blob} has no mlp.gate.balancing_biases")
+            write_header(f, hdr, d, diroff)
     except (OSError, ValueError) as e:
         print(f"error: {e}\n  hint: BLOB is a blob written by export_weights.py", file=sys.stderr)
         return 2

@@ -65,12 +65,11 @@ import time
 
 import numpy as np
 
-import vl_checkpoint
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import quants  # noqa: E402
+import vl_checkpoint  # noqa: E402
 
 GROUPS = {
     "conv": r"\.self_attn\.qkv_proj\.conv_qk_(depthwise|grouped)\.weight$",
