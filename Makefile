@@ -129,7 +129,8 @@ demo-chat: zaya $(DEMO_BLOB)
 VL_CKPT  ?= build/vl_checkpoint
 VL_IMAGE ?= $(FIXTURES)/vl/image_a/image.png
 VL_BLOB   = build/demo_vl_$(notdir $(abspath $(VL_CKPT))).bin
-build/vl_checkpoint/config.json: $(FIXTURES)/vl/config.json $(FIXTURES)/vl/extra.safetensors tools/vl_checkpoint.py
+build/vl_checkpoint/config.json: $(FIXTURES)/vl/config.json $(FIXTURES)/vl/extra.safetensors \
+		$(FIXTURES)/checkpoint_native/model.safetensors tools/vl_checkpoint.py
 	$(PYTHON) tools/vl_checkpoint.py $(FIXTURES) build/vl_checkpoint > /dev/null
 $(VL_BLOB): $(VL_CKPT)/config.json export_weights.py export_tokenizer.py
 	$(PYTHON) export_weights.py $(VL_CKPT) $@

@@ -4,9 +4,10 @@
  * Hugging Face transformers' models/zaya1_vl/modeling_zaya1_vl.py (pull request #46011), class
  * Zaya1VLVisionModel ("HF"). Steps in order: patch embedding, the 2-D rotary embedding, the window
  * index permutation, the blocks (RMSNorm, attention over a window or the whole image, RMSNorm, SwiGLU
- * MLP), the patch merger, the inverse permutation. Matrix products are kernels.c calls (matmul_chain); the
- * arithmetic is torch's CPU float32 arithmetic where this file can follow it (torch_cpu.h), so that the tower
- * gives the official float32 run's bits: only cos/sin (MKL's) and GELU (oneDNN's) are computed otherwise.
+ * MLP), the patch merger, the inverse permutation. The Linear products are kernels.c calls (matmul_chain); the
+ * patch embedding and the attention are plain loops here (one thread). The arithmetic is torch's CPU float32
+ * arithmetic where this file can follow it (torch_cpu.h), so that the tower gives the official float32 run's
+ * bits: only cos/sin (MKL's) and GELU (oneDNN's) are computed otherwise.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "vision.h"

@@ -32,9 +32,9 @@ def finish():
     sys.exit(1 if failures else 0)
 
 
-def temp_dir(prefix):
-    """A fresh temporary folder, removed when the test exits (however it exits)."""
-    d = tempfile.mkdtemp(prefix=prefix)
+def temp_dir(prefix, dir=None):
+    """A fresh temporary folder (in dir, default the system's), removed when the test exits (however it exits)."""
+    d = tempfile.mkdtemp(prefix=prefix, dir=dir)
     atexit.register(shutil.rmtree, d, ignore_errors=True)
     return d
 

@@ -31,10 +31,9 @@ import re
 import shutil
 import struct
 import sys
-import tempfile
 import zlib
 
-from harness import BUILD, ROOT, check, finish, need_fixtures, run
+from harness import BUILD, ROOT, check, finish, need_fixtures, run, temp_dir
 
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -46,7 +45,7 @@ GG = need_fixtures("gguf", "tiny-Q4_K_M.gguf")
 TOK = need_fixtures("tokenizer")
 LMAP = os.path.join(ROOT, "maps", "llama.cpp-zaya1.json")
 os.makedirs(BUILD, exist_ok=True)
-OUT = tempfile.mkdtemp(prefix="ggml_capture_", dir=BUILD)     # this run's own folder (tests may run in parallel)
+OUT = temp_dir("ggml_capture_", BUILD)     # this run's own folder (tests may run in parallel)
 PY = sys.executable
 
 # the GGUF with an all-zero embedding of the recorded shape (its values never reach the replay)
@@ -292,5 +291,4 @@ with np.errstate(all="ignore"):
         err = float((np.abs(yy - ld(t + "_dot", 8, 16)) / np.maximum(np.abs(xq) @ np.abs(W).T, 1e-30)).max())
         check(err < 1e-6, f"zaya_compare.ggml: the {t} product with Q8_1's second scale = ggml's vec_dot to float32 "
               f"summation (largest |difference| / sum|w||x| {err:.2g})", f"{err}")
-shutil.rmtree(OUT, ignore_errors=True)
 finish()

@@ -341,10 +341,6 @@ static void grouped_case(int dtype, int groups, int group_rows, int cols) {
     free(wf); free(x); free(y); free(y2); free(yr); free(yr2); free(scales);
 }
 
-/* matmuls: four products of one input (q_proj, k_proj, the two value projections of ZAYA1-8B,
- * scaled down) give the same bits as one matmul() each, for 1-3 threads and 1 or 9 tokens a call
- * (so matmul_ref on each is their reference). int8 (one quantized input for all) and fp32; a mixed
- * set (int8 and fp32) falls back to one product each. */
 /* matmul_chain (torch's summation order) against matmul_chain_ref: the same bits, for 1-3 threads, any
  * number of tokens (whole tiles of 8 and a tail), blocks of k one, two halves and many (torch_k_block) */
 static void chain_case(int dtype, int rows, int cols) {
@@ -375,6 +371,10 @@ static void chain_case(int dtype, int rows, int cols) {
     free(wf), free(x), free(y), free(yr), free(wb), free(bias);
 }
 
+/* matmuls: four products of one input (q_proj, k_proj, the two value projections of ZAYA1-8B,
+ * scaled down) give the same bits as one matmul() each, for 1-3 threads and 1 or 9 tokens a call
+ * (so matmul_ref on each is their reference). int8 (one quantized input for all) and fp32; a mixed
+ * set (int8 and fp32) falls back to one product each. */
 static void matmuls_case(int dtype, int cols, int mixed) {
     const int rows[4] = {256, 32, 32, 16}, G = 8;
     ZayaMatrix m[4];

@@ -23,9 +23,8 @@ import os
 import shutil
 import struct
 import sys
-import tempfile
 
-from harness import ROOT, check, finish, need_fixtures, run
+from harness import ROOT, check, finish, need_fixtures, run, temp_dir
 
 sys.path.insert(0, ROOT)
 import export_weights  # noqa: E402
@@ -36,7 +35,7 @@ FX = need_fixtures("mlx")
 LEGACY = need_fixtures("checkpoint_legacy")
 NATIVE = need_fixtures("checkpoint_native")
 TOK = need_fixtures("tokenizer")
-TMP = tempfile.mkdtemp(prefix="zaya_test_mlx_")
+TMP = temp_dir("zaya_test_mlx_")
 
 
 def read_st(path):
@@ -116,6 +115,7 @@ for name, c in sorted(cases.items()) if exe else []:
     r[0] += 1
     if not ok or f32 != py32:
         r[1].append(f"{name}: element {i}: {gv!r} where mx.dequantize gives {wv!r}; compute F32 equal {f32 == py32}")
+check(not exe or len(by_bits) >= 2, f"affine cases recorded for {len(by_bits)} bit widths", "hint: tools/mlx_fixtures.py")
 for bits, (n, notes) in sorted(by_bits.items()):
     check(not notes, f"dequantize.c --mlx affine {bits}-bit: {n} case(s) bit-identical to mx.dequantize (and to "
           "mlx_weights.py with compute F32)", "; ".join(notes[:3]))
@@ -317,5 +317,4 @@ def bad_mode(cfg):
 rc, text = bad_folder("bad_mode", bad_mode)
 check(rc == 1 and "unknown MLX quantization mode" in text and "Traceback" not in text,
       "an unknown quantization mode: named", text[-400:])
-shutil.rmtree(TMP, ignore_errors=True)
 finish()
