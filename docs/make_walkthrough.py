@@ -34,6 +34,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "walkthrough.md")
+FIXTURES = os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "test", "fixtures"))
+sys.path.insert(0, ROOT)
+from zaya_compare.dumps import read_npy  # noqa: E402
 BLOCK = re.compile(r"^(<!-- trace: ([^\n]*?) -->\n)(.*?)^(<!-- /trace -->)$", re.S | re.M)   # markers on their own lines
 
 
@@ -75,16 +78,8 @@ def ensure_vl_blob(blob, fixtures):
 
 
 def vl_ids(fixtures, case="image_b"):
-    """The VL case's prompt ids from its tokens.npy (int64 or int32 little-endian, 1-D), standard library only."""
-    import ast
-    import struct
-    with open(os.path.join(fixtures, "vl", case, "tokens.npy"), "rb") as f:
-        raw = f.read()
-    n = struct.unpack_from("<H", raw, 8)[0]
-    head = ast.literal_eval(raw[10:10 + n].decode("latin1"))
-    fmt = {"<i8": "q", "<i4": "i"}[head["descr"]]
-    count = head["shape"][0]
-    return list(struct.unpack_from(f"<{count}{fmt}", raw, 10 + n))
+    """The VL case's prompt ids from its tokens.npy."""
+    return list(read_npy(os.path.join(fixtures, "vl", case, "tokens.npy"))[1])
 
 
 def units(text):
@@ -98,17 +93,16 @@ def units(text):
     return out
 
 
-def run_block(spec, blob, ids, zaya, cache):
+def run_block(spec, blob, ids, zaya, cache, fixtures):
     """The text of one generated block for the marker arguments `spec`."""
     args = shlex.split(spec)
     regex = None
     if "--vl" in args:   # the ZAYA1-VL fixture, its image and prompt
         args.remove("--vl")
-        fixtures = os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "test", "fixtures"))
         blob = vl_blob_of(blob)
         ensure_vl_blob(blob, fixtures)
         if "--image" not in args:
-            args = ["--image", os.path.join("test", "fixtures", "vl", "image_b", "image.png")] + args
+            args = ["--image", os.path.relpath(os.path.join(fixtures, "vl", "image_b", "image.png"), ROOT)] + args
         if "--ids" not in args and "-i" not in args:
             ids = vl_ids(fixtures)
     if "--filter" in args:
@@ -131,23 +125,23 @@ def run_block(spec, blob, ids, zaya, cache):
     return "```text\n" + text + "```\n"
 
 
-def render(doc, blob, ids, zaya="./zaya"):
+def render(doc, blob, ids, zaya="./zaya", fixtures=FIXTURES):
     """The document with every generated block rewritten."""
     cache = {}
-    return BLOCK.sub(lambda m: m.group(1) + run_block(m.group(2), blob, ids, zaya, cache) + m.group(4), doc)
+    return BLOCK.sub(lambda m: m.group(1) + run_block(m.group(2), blob, ids, zaya, cache, fixtures) + m.group(4), doc)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if the document is stale; write nothing")
     ap.add_argument("--blob", default=os.path.join(ROOT, "build", "walkthrough.bin"))
-    ap.add_argument("--fixtures", default=os.environ.get("ZAYA_FIXTURES", os.path.join(ROOT, "test", "fixtures")))
+    ap.add_argument("--fixtures", default=FIXTURES)
     ap.add_argument("--doc", default=DOC)
     args = ap.parse_args()
     ensure_blob(args.blob, args.fixtures)
     with open(args.doc, encoding="utf-8") as f:
         doc = f.read()
-    new = render(doc, args.blob, prompt_ids(args.fixtures))
+    new = render(doc, args.blob, prompt_ids(args.fixtures), fixtures=args.fixtures)
     if args.check:
         if new != doc:
             a, b = doc.splitlines(), new.splitlines()

@@ -49,6 +49,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from compare import InputError, execution_order, read_npy, write_dump  # noqa: E402
+from zaya_compare.names import vision_order  # noqa: E402
 
 
 def f32(values):
@@ -462,9 +463,6 @@ VL_DECODER = {
 }
 VL_LORA = [f"self_attn.qkv_proj.{p}_lora_{h}" for p in ("q", "k", "v_current", "v_delayed") for h in "ab"] + \
           [f"self_attn.o_lora_{h}" for h in "ab"]
-VL_VISION_BLOCK = ["norm1", "attn.qkv", "attn", "norm2", "mlp.gate_proj", "mlp.up_proj", "mlp", ""]
-
-
 def vl_to_dump(src, out):
     """A ZAYA1-VL golden case folder (tokens.npy, taps/, logits_top16_*.npy) -> a dump under our names, with
     index.json's image_positions from the golden's image mask. Returns (tensors written, unmapped taps)."""
@@ -484,11 +482,8 @@ def vl_to_dump(src, out):
 
     depth = 1 + max([int(n.split(".")[3]) for n in have if n.startswith("model.visual.blocks.")], default=-1)
     layers = 1 + max([int(n.split(".")[3]) for n in have if n.startswith("model.language_model.layers.")], default=-1)
-    for v in ["patch_embed", "rotary_pos_emb"] + [f"blocks.{i}" + (f".{x}" if x else "") for i in range(depth)
-                                                  for x in VL_VISION_BLOCK] + \
-             ["merger.ln_q", "merger.mlp.0", "merger.mlp.1", "merger"]:
-        take("model.visual." + v, "model.visual." + v)
-    take("model.visual", "model.visual")
+    for v in vision_order(depth):   # the tower's taps, in zaya.c's --dump order
+        take(v, v)
     for v in (":window_index", ":cu_window_seqlens"):
         take("model.visual" + v, "model.visual" + v, "i")
     take("model.language_model.embed_tokens", "model.embed_tokens")
@@ -512,8 +507,12 @@ def vl_to_dump(src, out):
             shape, data = read_npy(path)
             tensors.append((f"logits:top16_{k}", list(shape), array.array("i" if k == "ids" else "f", data),
                             {"source": os.path.basename(path)}))
-    mask = list(read_npy(os.path.join(taps, "model.language_model:image_mask.npy"))[1]) \
-        if "model.language_model:image_mask" in have else [int(t == 262147) for t in tokens]
+    if "model.language_model:image_mask" in have:
+        mask = list(read_npy(os.path.join(taps, "model.language_model:image_mask.npy"))[1])
+    else:   # the image placeholder id of the case's config (golden_vl.py's index.json one folder up)
+        idx = os.path.join(os.path.dirname(os.path.abspath(src)), "index.json")
+        cfg = json.load(open(idx)).get("config", {}) if os.path.exists(idx) else {}
+        mask = [int(t == cfg.get("image_token_id", 262147)) for t in tokens]
     used.add("model.language_model:image_mask")
     if len(mask) != T:
         raise InputError(f"{taps}/model.language_model:image_mask.npy has {len(mask)} positions, tokens.npy {T}")

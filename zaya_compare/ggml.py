@@ -27,15 +27,13 @@ import struct
 
 import numpy as np
 
+from gguf import GGML_TYPE_NAMES
+
 from . import legit
 from .legit import LAMBDA, U32
 
 # ggml type ids (ggml.h) and the vec_dot_type of each weight type (ggml-cpu.c type_traits_cpu)
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 9, 15, 30
-TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K",
-              12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
-              20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0",
-              39: "MXFP4"}
 VEC_DOT = {F16: F16, BF16: BF16, Q4_0: Q8_0, Q5_0: Q8_0, Q8_0: Q8_0, 20: Q8_0, 39: Q8_0, Q4_1: Q8_1, Q5_1: Q8_1,
            **{t: Q8_K for t in (10, 11, 12, 13, 14, 16, 17, 18, 19, 21, 22, 23, 29, 34, 35)}}
 VEC_NAMES = {F32: "F32", F16: "F16", BF16: "BF16", Q8_0: "Q8_0", Q8_1: "Q8_1", Q8_K: "Q8_K"}
@@ -222,7 +220,7 @@ class Ctx:
         return self.types.get(name + ".weight", self.types.get(name))
 
     def what(self, t):
-        return "float32" if t is None else f"{TYPE_NAMES.get(t, t)} weights, {VEC_NAMES.get(VEC_DOT.get(t), 'F32')} input"
+        return "float32" if t is None else f"{GGML_TYPE_NAMES.get(t, t)} weights, {VEC_NAMES.get(VEC_DOT.get(t), 'F32')} input"
 
 
 def product(ctx, layer, module, x):
