@@ -103,7 +103,9 @@ def read_json(path, what):
 class SafetensorsFile:
     """One .safetensors file: an 8-byte little-endian header length, a JSON header, raw data."""
 
-    def __init__(self, path):
+    def __init__(self, path, header_only=False):
+        """header_only (--dry-run): the data section may be absent (tools/make_vl_checkpoint.py --header-only, a
+        partial download) and an unsupported dtype is the caller's to report; the header itself must be whole."""
         self.path = path
         self.size, self.f = gguf.open_sized(path, "safetensors", 8, "at least 8 bytes", "re-download the file", fail)
         (n,) = struct.unpack("<Q", self.f.read(8))
@@ -127,7 +129,7 @@ class SafetensorsFile:
             if not isinstance(info, dict):
                 fail("tensor entry is not an object", where)
             dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-            if dtype not in ST_DTYPE_SIZE and dtype not in QUANT_ST_DTYPE_SIZE:
+            if dtype not in ST_DTYPE_SIZE and dtype not in QUANT_ST_DTYPE_SIZE and not header_only:
                 packed = dtype in ("U32", "I32", "U16", "I16", "U8", "I8", "U4", "I4")
                 fail("unsupported tensor dtype", where, "one of " + ", ".join(ST_DTYPE_SIZE), dtype,
                      "packed integers: a quantized checkpoint (MLX 4-bit packs 8 values per U32, with .scales and "
@@ -138,14 +140,14 @@ class SafetensorsFile:
                     or len(shape) > 5):        # 5: ZAYA1-VL's Conv3d patch embedding
                 fail("malformed tensor shape", where, "a list of at most 5 non-negative integers", shape)
             if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
-                    or not 0 <= offs[0] <= offs[1] <= data_size):
+                    or not 0 <= offs[0] <= offs[1] <= (offs[1] if header_only else data_size)):
                 fail("tensor data offsets are out of range", where, f"[begin, end] within 0..{data_size}",
                      offs, "the file is truncated or corrupt; re-download it")
             numel = 1
             for d in shape:
                 numel *= d
-            size = ST_DTYPE_SIZE.get(dtype) or QUANT_ST_DTYPE_SIZE[dtype]
-            if offs[1] - offs[0] != numel * size:
+            size = ST_DTYPE_SIZE.get(dtype) or QUANT_ST_DTYPE_SIZE.get(dtype)
+            if size and offs[1] - offs[0] != numel * size:
                 fail("tensor byte size does not match its shape and dtype", where,
                      f"{numel} x {size} = {numel * size} bytes",
                      f"{offs[1] - offs[0]} bytes")
@@ -167,12 +169,11 @@ class SafetensorsFile:
         return data
 
 
-def open_checkpoint(ckpt):
-    """Returns {tensor name: SafetensorsFile} over the single file or all shards."""
+def checkpoint_files(ckpt):
+    """(weight_map or None, shard file names) of a checkpoint folder: its index's, validated, or model.safetensors."""
     if not os.path.isdir(ckpt):
         fail("checkpoint folder not found", ckpt, hint="give the folder that holds config.json and *.safetensors")
     index = os.path.join(ckpt, "model.safetensors.index.json")
-    single = os.path.join(ckpt, "model.safetensors")
     if os.path.isfile(index):
         idx = read_json(index, "model.safetensors.index.json")
         wm = idx.get("weight_map") if isinstance(idx, dict) else None
@@ -181,12 +182,17 @@ def open_checkpoint(ckpt):
         for fn in wm.values():
             if not isinstance(fn, str) or not fn or "/" in fn or "\\" in fn or fn.startswith("."):
                 fail("weight_map names an invalid shard file", index, "a file name in this folder", repr(fn))
-        files = sorted(set(wm.values()))
-    elif os.path.isfile(single):
-        wm, files = None, ["model.safetensors"]
-    else:
-        fail("no weights found", ckpt, "model.safetensors or model.safetensors.index.json + shards",
-             ", ".join(sorted(os.listdir(ckpt))) or "(empty folder)", "download the whole hub folder")
+        return wm, sorted(set(wm.values()))
+    if os.path.isfile(os.path.join(ckpt, "model.safetensors")):
+        return None, ["model.safetensors"]
+    fail("no weights found", ckpt, "model.safetensors or model.safetensors.index.json + shards",
+         ", ".join(sorted(os.listdir(ckpt))) or "(empty folder)", "download the whole hub folder (for --dry-run the "
+         "index is enough)")
+
+
+def open_checkpoint(ckpt, header_only=False):
+    """Returns {tensor name: SafetensorsFile} over the single file or all shards (header_only: SafetensorsFile's)."""
+    wm, files = checkpoint_files(ckpt)
     for fn in files:            # every shard present before any is read
         if not os.path.isfile(os.path.join(ckpt, fn)):
             fail("a shard named in the index is missing", os.path.join(ckpt, fn), "a file", "nothing there",
@@ -194,7 +200,7 @@ def open_checkpoint(ckpt):
     where = {}
     for fn in files:
         path = os.path.join(ckpt, fn)
-        st = SafetensorsFile(path)
+        st = SafetensorsFile(path, header_only)
         for name in st.tensors:
             if name in where:
                 fail("tensor stored twice", f"{name} in {where[name].path} and {path}")
@@ -797,21 +803,26 @@ def legacy_sources(native_name, c):
     return [f"{mlp}zaya_block.experts.local_experts.{e}.{fc}.weight" for e in range(E)]
 
 
+def as_planned(name, got, want):
+    """A source shape as the blob plans it: ZAYA1-VL's Conv3d patch embedding [D, C, T, P, P] is read as the
+    matrix [D, C*T*P*P] (the same bytes); every other shape as it is."""
+    if name.endswith("patch_embed.proj.weight") and len(got) == 5 and len(want) == 2 and got[0] == want[0] and \
+            got[1] * got[2] * got[3] * got[4] == want[1]:
+        return tuple(want)
+    return tuple(got)
+
+
 def plan_tensors(c, layout, where):
     """Match every expected tensor with its source(s); refuse missing, extra or misshapen ones."""
     plan, used = [], set()
     for name, shape, kind in expected_tensors(c):
-        srcs = ([name] if layout == "native" else [vl_source_name(name)] if layout == "vl"
-                else vl_zyphra_sources(name, c) if layout == "vl-zyphra" else legacy_sources(name, c))
+        srcs = layout_sources(name, c, layout)
         src_shape = shape if len(srcs) == 1 else shape[1:]
         for s in srcs:
             if s not in where:
                 fail("missing tensor", f"{s}" + (f" (for {name})" if s != name else ""),
                      hint="the checkpoint is incomplete or its config does not match its weights")
-            got = where[s].tensors[s][1]
-            if layout in ("vl", "vl-zyphra") and name.endswith("patch_embed.proj.weight") and len(got) == 5 and \
-                    got[0] == src_shape[0] and got[1] * got[2] * got[3] * got[4] == src_shape[1]:
-                got = tuple(src_shape)          # the Conv3d [D, C, T, P, P] read as [D, C*T*P*P], same bytes
+            got = as_planned(name, where[s].tensors[s][1], tuple(src_shape))
             if got != tuple(src_shape):
                 fail("tensor has the wrong shape", f"{where[s].path}: {s}", list(src_shape), list(got),
                      "the config.json does not match the weights")
@@ -2053,78 +2064,24 @@ def check_gguf_tokenizer(c, tok, path, tok_dir):
 # --dry-run: the checkpoint's names, shapes and dtypes against its config, without reading a weight
 # ----------------------------------------------------------------------------------------------
 
-def header_only_tensors(path):
-    """{name: (dtype, shape)} from a safetensors header alone (the data section may be absent: a header-only file
-    from tools/make_vl_checkpoint.py --header-only, or a partial download); the header itself must be whole."""
-    size, f = gguf.open_sized(path, "safetensors", 8, "at least 8 bytes", "re-download the file", fail)
-    with f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n == 0 or n > min(size - 8, 100 << 20):
-            fail("safetensors header length is out of range", path, f"1..{min(size - 8, 100 << 20)} bytes", n,
-                 "the file is truncated or not safetensors")
-        try:
-            header = json.loads(f.read(n).decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            fail("safetensors header is not valid JSON", path, hint=f"parser said: {e}")
-    if not isinstance(header, dict):
-        fail("safetensors header is not a JSON object", path)
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if not isinstance(info, dict) or not isinstance(info.get("shape"), list) or \
-                not all(type(d) is int and d >= 0 for d in info["shape"]):
-            fail("malformed tensor entry", f"{path}: tensor {name}", '{"dtype", "shape", "data_offsets"}',
-                 repr(info)[:120])
-        offs, numel = info.get("data_offsets"), 1
-        for d in info["shape"]:
-            numel *= d
-        size_of = ST_DTYPE_SIZE.get(info.get("dtype")) or QUANT_ST_DTYPE_SIZE.get(info.get("dtype"))
-        if size_of and (not isinstance(offs, list) or len(offs) != 2 or offs[1] - offs[0] != numel * size_of):
-            fail("tensor byte size does not match its shape and dtype", f"{path}: tensor {name}",
-                 f"{numel} x {size_of} = {numel * size_of} bytes", repr(offs))
-        out[name] = (info.get("dtype"), tuple(info["shape"]))
-    return out
-
-
 def dry_run_tensors(ckpt):
     """({name: (dtype or None, shape or None, file)}, what was read) from the shards' headers, or, where the shards
     are absent, from model.safetensors.index.json (shapes from its metadata.shapes if it has them)."""
-    index, single = os.path.join(ckpt, "model.safetensors.index.json"), os.path.join(ckpt, "model.safetensors")
-    if os.path.isfile(index):
-        idx = read_json(index, "model.safetensors.index.json")
-        wm = idx.get("weight_map") if isinstance(idx, dict) else None
-        if not isinstance(wm, dict) or not wm:
-            fail("model.safetensors.index.json has no weight_map", index)
-        files = sorted(set(wm.values()))
-        present = [fn for fn in files if isinstance(fn, str) and os.path.isfile(os.path.join(ckpt, fn))]
-        if present and len(present) != len(files):
-            fail("a shard named in the index is missing", os.path.join(ckpt, sorted(set(files) - set(present))[0]),
-                 "every shard, or none (a check of the index alone)", f"{len(present)} of {len(files)} shards")
-        if not present:
-            meta = idx.get("metadata") if isinstance(idx.get("metadata"), dict) else {}
-            shapes, dtypes = meta.get("shapes") or {}, meta.get("dtypes") or {}
-            out = {n: (dtypes.get(n), tuple(shapes[n]) if n in shapes else None, index) for n in wm}
-            return out, (f"the index alone ({len(wm)} names" +
-                         (", shapes from its metadata)" if shapes else "; no shapes)"))
-        out = {}
-        for fn in files:
-            path = os.path.join(ckpt, fn)
-            for n, (dt, shape) in header_only_tensors(path).items():
-                if n in out:
-                    fail("tensor stored twice", f"{n} in {out[n][2]} and {path}")
-                if wm.get(n) != fn:
-                    fail("tensor is not where the index says", f"{path}: {n}", wm.get(n), fn)
-                out[n] = (dt, shape, path)
-        for n, fn in wm.items():
-            if n not in out:
-                fail("tensor listed in the index is missing from its shard", f"{fn}: {n}",
-                     hint="the shard is truncated or from another checkpoint")
-        return out, f"the headers of {len(files)} shard(s)"
-    if os.path.isfile(single):
-        return {n: (dt, shape, single) for n, (dt, shape) in header_only_tensors(single).items()}, "the header"
-    fail("no weights found", ckpt, "model.safetensors or model.safetensors.index.json (+ shards)",
-         ", ".join(sorted(os.listdir(ckpt))) or "(empty folder)", "download the hub folder (the index is enough)")
+    wm, files = checkpoint_files(ckpt)
+    present = [fn for fn in files if os.path.isfile(os.path.join(ckpt, fn))]
+    if present and len(present) != len(files):
+        fail("a shard named in the index is missing", os.path.join(ckpt, sorted(set(files) - set(present))[0]),
+             "every shard, or none (a check of the index alone)", f"{len(present)} of {len(files)} shards")
+    if not present:
+        index = os.path.join(ckpt, "model.safetensors.index.json")
+        meta = read_json(index, "model.safetensors.index.json").get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        shapes, dtypes = meta.get("shapes") or {}, meta.get("dtypes") or {}
+        out = {n: (dtypes.get(n), tuple(shapes[n]) if n in shapes else None, index) for n in wm}
+        return out, f"the index alone ({len(wm)} names" + (", shapes from its metadata)" if shapes else "; no shapes)")
+    where = open_checkpoint(ckpt, header_only=True)
+    out = {n: (st.tensors[n][0], st.tensors[n][1], st.path) for n, st in where.items()}
+    return out, f"the headers of {len(files)} shard(s)" if wm is not None else "the header"
 
 
 def layout_sources(name, c, layout):
@@ -2187,9 +2144,7 @@ def dry_run(ckpt, log=print):
                 continue
             used.add(s)
             dt, got, path = tensors[s]
-            if got is not None and name.endswith("patch_embed.proj.weight") and len(got) == 5 and \
-                    got[0] == want[0] and got[1] * got[2] * got[3] * got[4] == want[1]:
-                got = want                 # the Conv3d [D, C, T, P, P], read as [D, C*T*P*P]
+            got = as_planned(name, got, want) if got is not None else None
             if got is not None and got != want:
                 hint = ("transposed: the dimensions reversed" if got == want[::-1] and len(want) > 1 else
                         "config.json does not match the weights")
