@@ -1130,10 +1130,10 @@ static void matmul_job(Kernels *k, const MatmulOut *out, int count, int groups, 
         conv_f16_product(out[0].y, out[0].ys, w, groups, x, xs, n);
         return;
     }
-    const int q8_1 = groups == 1 && k->ggml & (KERNELS_GGML_X86 | KERNELS_GGML_REF) && w->ggml_type > 0
-                     && ggml_vec_dot_type(w->ggml_type - 1) == GGML_T_Q8_1 && w->cols % 32 == 0
+    const int ggml_input = groups == 1 && k->ggml & (KERNELS_GGML_X86 | KERNELS_GGML_REF) && w->ggml_type > 0;
+    const int q8_1 = ggml_input && ggml_vec_dot_type(w->ggml_type - 1) == GGML_T_Q8_1 && w->cols % 32 == 0
                      && (w->dtype == ZAYA_F32 || w->dtype == ZAYA_BF16);
-    if (groups == 1 && k->ggml & (KERNELS_GGML_X86 | KERNELS_GGML_REF) && w->ggml_type > 0) {
+    if (ggml_input) {
         for (int t = 0; t < n; t++)   /* the input as ggml's vec_dot_type for this weight type holds it */
             ggml_round_row_s(k->ggml_x + (size_t)t * w->cols, q8_1 ? k->ggml_s + (size_t)t * (w->cols / 32) : NULL,
                              x + (size_t)t * xs, w->cols, w->ggml_type - 1, k->ggml & KERNELS_GGML_X86);
@@ -1419,9 +1419,9 @@ typedef struct {
  * a new maximum scales the accumulator by expf(M_old - M), else the value's weight is expf(s - M); F16 cache: the
  * accumulator is F16, each scale and each fused multiply-add rounded to F16 (ggml_vec_scale_f16, ggml_vec_mad_f16);
  * at the end the accumulator times 1 / S. llama.cpp casts an F32 cache's keys and values to F16 for it (llama-graph.cpp
- * build_attn_mha): the port's flash attention is always f16 = 1. */
+ * build_attn_mha): the port's flash attention always runs on F16 keys, values and query, so this does too. */
 static void attention_flash(const KvCache *kv, int h, const float *q, float *out, int n0, int n1, int first, int pos,
-                            float scale, int f16) {
+                            float scale) {
     const int d = kv->d;
     for (int n = n0; n < n1; n++) {
         const float *qn = q + (size_t)n * d;
@@ -1430,19 +1430,18 @@ static void attention_flash(const KvCache *kv, int h, const float *q, float *out
         for (int t = first; t <= pos; t++) {
             const float *key = kv->keys + kv_row(kv, h, t), *v = kv->values + kv_row(kv, h, t);
             float s = 0.0f;
-            for (int i = 0; i < d; i++) s += f16 ? ggml_round_f16(key[i]) * ggml_round_f16(qn[i]) : key[i] * qn[i];
+            for (int i = 0; i < d; i++) s += ggml_round_f16(key[i]) * ggml_round_f16(qn[i]);
             s = s * scale;
             float ms = 1.0f, vs = 1.0f;
             if (s > M) {
                 const float m_old = M;
                 M = s;
                 ms = expf(m_old - M);
-                for (int i = 0; i < d; i++) acc[i] = f16 ? ggml_round_f16(acc[i] * ms) : acc[i] * ms;
+                for (int i = 0; i < d; i++) acc[i] = ggml_round_f16(acc[i] * ms);
             } else {
                 vs = expf(s - M);
             }
-            for (int i = 0; i < d; i++)
-                acc[i] = f16 ? ggml_round_f16(fmaf(ggml_round_f16(v[i]), vs, acc[i])) : fmaf(v[i], vs, acc[i]);
+            for (int i = 0; i < d; i++) acc[i] = ggml_round_f16(fmaf(ggml_round_f16(v[i]), vs, acc[i]));
             S = S * ms + vs;
         }
         const float s_inv = S == 0.0f ? 0.0f : 1.0f / S;
@@ -1459,7 +1458,7 @@ static void attention_piece(void *ctx, int piece) {
     attention_scores(j->kv, h, j->q, j->probs, n0, n1, j->first, j->pos, j->scale, j->bf16, j->f16);
     for (int n = n0; n < n1; n++) softmax(j->probs + (size_t)n * n_keys, n_keys);
     for (size_t i = (size_t)n0 * n_keys; j->bf16 && i < (size_t)n1 * n_keys; i++) j->probs[i] = zaya_round_bf16(j->probs[i]);
-    if (j->fa) attention_flash(j->kv, h, j->q, j->out, n0, n1, j->first, j->pos, j->scale, 1);   /* F16 K, V (below) */
+    if (j->fa) attention_flash(j->kv, h, j->q, j->out, n0, n1, j->first, j->pos, j->scale);   /* F16 K, V, query (above) */
     else attention_values(j->kv, h, j->probs, j->out, n0, n1, j->first, j->pos, j->bf16, j->f16);
 }
 
