@@ -13,6 +13,10 @@
  *   answers "CRC NBYTES": the CRC-32 (zlib's) of the bytes written and their count. Python writes only the
  *   header, the directory, the padding and the tokenizer. Memory: 17 MB of buffers, whatever the model size.
  *
+ *   zaya-dequantize --mlx       MLX's affine dequantization for mlx_weights.py (an MLX-saved folder): each request
+ *       a line "affine BITS GROUP SDTYPE CT OD ROWS PACKED" then its words, scales and biases on standard input;
+ *       the values answered in dtype OD (serve_mlx below says each field).
+ *
  * The values are those of ggml's dequantize_row_* (ggml/src/ggml-quants.c, block layouts of ggml-common.h),
  * bit for bit: each value is the same float32 expression in the same order (compiled with -ffp-contract=off; the
  * products are exact in float32 anyway, so a fused multiply-add would not change a value). gguf.py's
@@ -306,7 +310,7 @@ static int check_piece(Source *s, const char *type, long long offset, long long 
 
 /* Dequantizes nbytes at offset, CHUNK bytes at a time, handing each run of values to emit(ctx, values, n). */
 static int dequantize_piece(Source *s, size_t t, long long offset, long long nbytes, const char *tensor,
-                            int (*emit)(void *, const float *, size_t), void *ctx) {
+                            int (*emit)(void *, float *, size_t), void *ctx) {
     const long long bs = TYPES[t].bytes, per_chunk = CHUNK / bs * bs;
     for (long long done = 0; done < nbytes;) {
         const size_t n = (size_t)(nbytes - done < per_chunk ? nbytes - done : per_chunk);
@@ -319,7 +323,7 @@ static int dequantize_piece(Source *s, size_t t, long long offset, long long nby
     return 0;
 }
 
-static int emit_stdout(void *ctx, const float *v, size_t n) {
+static int emit_stdout(void *ctx, float *v, size_t n) {
     (void)ctx;
     if (fwrite(v, sizeof(float), n, stdout) == n) return 0;
     return fail("cannot write the values", "standard output", NULL, NULL, strerror(errno));
@@ -335,7 +339,7 @@ typedef struct {
     uint32_t crc;
 } Sink;
 
-static int emit_blob(void *ctx, const float *v, size_t n) {
+static int emit_blob(void *ctx, float *v, size_t n) {   /* v: the piece's values, rewritten in place for bf16 */
     Sink *k = ctx;
     const uint8_t *bytes = (const uint8_t *)v;
     size_t nb = 4 * n;
