@@ -325,7 +325,7 @@ def print_steps(args, steps):
               f"largest {r['worst']:.3g}x at position {r['at']}, rms z {r['rms']:.3g} ({r['model']})")
 
 
-def report(args, port, replay, env, ref, rows, first, names, steps=None):
+def report(args, port, replay, env, ref, rows, first, names, steps=None, passed=()):
     """Prints the per-layer table and the verdict; returns the exit status (0 agrees, 1 a local error)."""
     T = len(port.tokens or [])
     print("\nper layer (local = the port's output of the layer vs zaya.c's recomputation from the port's input to it;"
@@ -348,7 +348,6 @@ def report(args, port, replay, env, ref, rows, first, names, steps=None):
             for name, e, ee, gate, bad in layer_rows:
                 print(f"  {name:60s} local {fmt(e):>9}  env {fmt(ee):>9}  tol {fmt(gate):>9}  {'OUT' if bad else 'ok'}")
         print_steps(args, steps)
-    passed = getattr(args, "step_passed", [])
     if passed:
         print(f"\nnote: {len(passed)} tap(s) past their tolerance before any local error, each within its step check "
               f"(recomputed from the port's own input to it as the replay's placement computes it: legitimate "
@@ -689,10 +688,10 @@ def local_main(args):
     computed = [i for i, v in enumerate(rs) if i > 0 and not v]
     if computed:
         print(f"note: the port's dump has no :router_state for the layers before {computed}: their EDA input is zaya.c's")
-    rows, first, names = judge_layers(args, port, replay, env, ref)
+    rows, _, names = judge_layers(args, port, replay, env, ref)
     steps = step_checks(args, port, replay, env, rows)
-    first, args.step_passed = first_departing(rows, steps)
-    rc = report(args, port, replay, env, ref, rows, first, names, steps)
+    first, passed = first_departing(rows, steps)   # the first local error the step check leaves standing
+    rc = report(args, port, replay, env, ref, rows, first, names, steps, passed)
     write_json(args, dict(layers_json("local", rc, first, rows), step_check=steps))
     return rc
 
