@@ -28,11 +28,13 @@ is from exact; --reference64 keeps a compact part of that run beside the float32
 vision block's and decoder layer's output and the top-16 logits, float64), which test/test_vl.py reads.
 """
 import argparse
+import atexit
 import copy
 import hashlib
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import types
@@ -124,7 +126,7 @@ def text_fixtures(args, tmp):
     return tmp
 
 
-def build_model(args, cfgmod, mod, fixtures, out):
+def build_model(args, cfgmod, mod, fixtures, out, tmp):
     """The official Zaya1VLForConditionalGeneration with the text checkpoint and random bf16 vision / LoRA
     tensors (written to OUT/extra.safetensors, config to OUT/config.json). -> (model, config_json)"""
     import numpy as np
@@ -165,7 +167,7 @@ def build_model(args, cfgmod, mod, fixtures, out):
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config_json, f, indent=2)
         f.write("\n")
-    ckpt = vl_checkpoint.compose(fixtures, os.path.join("/tmp", f"golden_vl_ckpt_{os.getpid()}"), out)
+    ckpt = vl_checkpoint.compose(fixtures, os.path.join(tmp, "ckpt"), out)
     full = load_file(os.path.join(ckpt, "model.safetensors"))
     sd = {k: v.float() for k, v in full.items()}
     sd["lm_head.weight"] = sd["model.language_model.embed_tokens.weight"]
@@ -256,7 +258,8 @@ def main():
         torch.Tensor.sin = lambda t: sin(t.double()).float() if t.dtype == torch.float32 else sin(t)
     cfgmod, mod = import_upstream(args.upstream)
     tmp = tempfile.mkdtemp(prefix="golden_vl_")
-    model, config_json = build_model(args, cfgmod, mod, text_fixtures(args, tmp), out)
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    model, config_json = build_model(args, cfgmod, mod, text_fixtures(args, tmp), out, tmp)
     dtype = getattr(torch, args.dtype)
     model64 = copy.deepcopy(model).double() if args.reference64 and args.dtype == "float32" else None
     text_layer_types = config_json["text_config"]["layer_types"]
