@@ -222,12 +222,8 @@ def scale_in_place(path, name, factor):
     """Blob `path`'s float32 tensor `name` times factor, in place (its CRC and the header's updated); returns the
     tensor's old bytes for restore_in_place. In place: the blob is 290 MB (the recorded embedding's shape)."""
     with open(path, "r+b") as f:
-        hdr = bytearray(f.read(1024))
-        (diroff,) = struct.unpack_from("<Q", hdr, 24)
-        (n,) = struct.unpack_from("<I", hdr, 32)
-        f.seek(diroff)
-        d = bytearray(f.read(192 * n))
-        e = next(192 * i for i in range(n) if bytes(d[192 * i:192 * i + 128]).split(b"\0")[0].decode() == name)
+        hdr, diroff, d, entries = forbid_skip.read_directory(f, path)
+        e = entries[name]
         (dtype,) = struct.unpack_from("<I", d, e + 128)
         off, size = struct.unpack_from("<QQ", d, e + 168)
         assert dtype == 0, f"{name} is not float32"

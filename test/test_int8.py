@@ -140,12 +140,12 @@ def odd_rows_case():
     from zaya_compare.legit import Blob
     tok = small_tokenizer(tokenizer_dir(), os.path.join(BUILD, "odd_rows_tokenizer_1000"))
     ckpt, blob = os.path.join(BUILD, "odd_rows_ckpt"), os.path.join(BUILD, "odd_rows_int8.bin")
-    rc, _, err = run(["python3", "tools/make_checkpoint.py", ckpt, "--hidden", "64", "--layers", "1", "--heads", "2",
+    rc, _, err = run([sys.executable, "tools/make_checkpoint.py", ckpt, "--hidden", "64", "--layers", "1", "--heads", "2",
                       "--kv-heads", "1", "--head-dim", "32", "--experts", "2", "--moe-intermediate", "36",
                       "--router-hidden", "16", "--vocab", "1000", "--tokenizer-dir", tok, "--force", "--quiet"])
     if not check(rc == 0, "make_checkpoint: experts 36 wide (down_proj rows: groups of 4 at most)", err[-400:]):
         return
-    rc, out, err = run(["python3", "export_weights.py", ckpt, blob, "--dtype", "int8", "--chat-format", "none"])
+    rc, out, err = run([sys.executable, "export_weights.py", ckpt, blob, "--dtype", "int8", "--chat-format", "none"])
     if not check(rc == 0, "export it (int8)", err[-400:]):
         return
     dtypes = {n: (e[0], e[1][-1]) for n, e in Blob(blob).dir.items() if len(e[1]) >= 2 and ".conv_qk" not in n}

@@ -16,6 +16,20 @@ import sys
 import zlib
 
 
+def read_directory(f, path):
+    """(header, directory offset, directory, {tensor name: its entry's offset in the directory}) of an open blob."""
+    hdr = bytearray(f.read(1024))
+    if hdr[:8] != b"ZAYABLOB":
+        raise ValueError(f"{path} is not a zaya.c blob (no ZAYABLOB magic)")
+    diroff, = struct.unpack_from("<Q", hdr, 24)
+    n, = struct.unpack_from("<I", hdr, 32)
+    f.seek(diroff)
+    d = bytearray(f.read(192 * n))
+    if len(d) != 192 * n:
+        raise ValueError(f"{path}: the tensor directory is cut short")
+    return hdr, diroff, d, {bytes(d[192 * i:192 * i + 128]).split(b"\0")[0].decode(): 192 * i for i in range(n)}
+
+
 def patch_tensor(f, d, e, off, data):
     """A tensor's new bytes at off and their CRC into directory entry e (write_header then seals the blob)."""
     f.seek(off)
@@ -44,19 +58,9 @@ def main(argv=None):
         if a.out != a.blob:
             shutil.copyfile(a.blob, a.out)
         with open(a.out, "r+b") as f:
-            hdr = bytearray(f.read(1024))
-            if hdr[:8] != b"ZAYABLOB":
-                raise ValueError(f"{a.blob} is not a zaya.c blob (no ZAYABLOB magic)")
-            diroff, = struct.unpack_from("<Q", hdr, 24)
-            n, = struct.unpack_from("<I", hdr, 32)
-            f.seek(diroff)
-            d = bytearray(f.read(192 * n))
-            if len(d) != 192 * n:
-                raise ValueError(f"{a.blob}: the tensor directory is cut short")
+            hdr, diroff, d, entries = read_directory(f, a.blob)
             done = 0
-            for i in range(n):
-                e = 192 * i
-                name = bytes(d[e:e + 128]).split(b"\0")[0].decode()
+            for name, e in entries.items():
                 if not name.endswith("mlp.gate.balancing_biases"):
                     continue
                 dtype, = struct.unpack_from("<I", d, e + 128)
