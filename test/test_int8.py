@@ -15,6 +15,7 @@ Every flip is reported with its margin.
 import math
 import os
 import shutil
+import sys
 
 from harness import BUILD, ROOT, check, finish, need_fixtures, tokenizer_dir, prompt_ids, read_npy, run
 from test_dims import small_tokenizer
@@ -135,7 +136,6 @@ interleaved_rows_case()
 # Rows that no group of 8 or more divides (ZAYA1-VL's 3420-wide vision MLP: groups of 4 would take as many
 # bytes as bf16, off the fast int8 kernels) stay bf16 in an int8 blob; the others are int8 as usual.
 def odd_rows_case():
-    import sys
     sys.path.insert(0, ROOT)
     from zaya_compare.legit import Blob
     tok = small_tokenizer(tokenizer_dir(), os.path.join(BUILD, "odd_rows_tokenizer_1000"))
